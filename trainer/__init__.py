@@ -1,0 +1,1 @@
+"""instcls trainer: backbone, sharded instance classifier, engine and tools."""

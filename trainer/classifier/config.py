@@ -1,0 +1,81 @@
+"""Settings of the instance classifier; every field is checked with a message that names the fix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainer.classifier.softmax_ce import SmoothingForm
+
+MODES = ("dhp", "replicated")
+
+
+@dataclass
+class ClassifierConfig:
+    """The N-way cosine-softmax instance classifier.
+
+    Attributes:
+        num_classes: N, the number of instances (one class each).
+        feature_dim: D, the width of the projection head's output.
+        temperature: tau of the cosine softmax (the paper uses 0.15).
+        chunk_size: classes scored at once; activation memory is O(batch * chunk_size).
+        mode: "dhp" shards W by class range over the classifier group and all-gathers features;
+            "replicated" is the DDP baseline: full W on every rank, local batch, W's gradient
+            all-reduced.
+        smoothing_alpha: alpha of the top-K hardest label smoothing; 0 disables it.
+        smoothing_top_k: K, hard negatives per instance (the paper uses 100).
+        smoothing_form: "paper" (Eq. 3, weights inside the log) or "soft_target" (the usual
+            -sum y log p); see ``trainer.classifier.softmax_ce``.
+        init_std: standard deviation of the Gaussian initial weights.
+        init_seed: seed of the initial weights; rows depend only on (seed, global row), so the
+            same seed gives the same W under any sharding.
+        validate_inputs: check ids, shapes and equal batch sizes on every call (costs a host
+            sync and one tiny all-reduce; a trainer may disable it after the first steps).
+        backbone_grads_averaged: the gradient sent back to the features assumes the backbone's
+            gradients are then *averaged* over all data-parallel ranks (DeepSpeed, DDP).  In DHP
+            mode the feature gradient is multiplied by the classifier group size so that this
+            average equals the exact gradient of the global-batch mean loss.  Set False if the
+            caller sums backbone gradients instead.
+    """
+
+    num_classes: int
+    feature_dim: int = 128
+    temperature: float = 0.15
+    chunk_size: int = 65536
+    mode: str = "dhp"
+    smoothing_alpha: float = 0.0
+    smoothing_top_k: int = 100
+    smoothing_form: str = "paper"
+    init_std: float = 0.01
+    init_seed: int = 0
+    validate_inputs: bool = True
+    backbone_grads_averaged: bool = True
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, field: str, fix: str) -> None:
+            if not ok:
+                raise ValueError(f"classifier.{field}={getattr(self, field)!r} is invalid: {fix}")
+
+        need(self.num_classes >= 2, "num_classes", "an instance classifier needs at least 2 instances")
+        need(self.feature_dim >= 1, "feature_dim", "set it to the projection head's output width (e.g. 128)")
+        need(self.temperature > 0, "temperature", "use a positive temperature (the paper uses 0.15)")
+        need(self.chunk_size >= 1, "chunk_size", "use a positive number of classes per chunk (e.g. 65536)")
+        need(self.mode in MODES, "mode", f"choose one of {MODES}")
+        need(0.0 <= self.smoothing_alpha < 1.0, "smoothing_alpha", "use 0 <= alpha < 1 (the paper uses 0.2)")
+        need(
+            self.smoothing_top_k >= 1,
+            "smoothing_top_k",
+            "use K >= 1 hard negatives per instance (the paper uses 100), or smoothing_alpha=0",
+        )
+        need(
+            self.smoothing_alpha == 0 or self.smoothing_top_k <= self.num_classes - 1,
+            "smoothing_top_k",
+            f"K must be at most num_classes - 1 = {self.num_classes - 1} (an instance has that many "
+            "other classes); lower K or set smoothing_alpha=0",
+        )
+        valid_forms = tuple(form.value for form in SmoothingForm)
+        need(self.smoothing_form in valid_forms, "smoothing_form", f"choose one of {valid_forms}")
+        need(self.init_std > 0, "init_std", "use a positive standard deviation (e.g. 0.01)")
+
+    @property
+    def form(self) -> SmoothingForm:
+        return SmoothingForm(self.smoothing_form)

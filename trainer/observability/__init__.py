@@ -1,0 +1,1 @@
+"""Metrics, logs and resource readings of a running job."""

@@ -1,0 +1,98 @@
+"""Collectives used by the sharded classifier, each a forward/backward pair where it carries grads.
+
+A group of ``None`` means "this rank alone": every helper is then the identity, so the same code
+runs in a single-process job, in the replicated (DDP) baseline and in DHP.
+
+The same calls run on gloo (CPU) and NCCL (GPU); torch 2.14's gloo implements both the
+single-tensor all-gather and reduce-scatter.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+Group = dist.ProcessGroup | None
+
+
+def group_size(group: Group) -> int:
+    return 1 if group is None else dist.get_world_size(group)
+
+
+def group_rank(group: Group) -> int:
+    return 0 if group is None else dist.get_rank(group)
+
+
+def all_reduce_(tensor: torch.Tensor, op: dist.ReduceOp, group: Group) -> torch.Tensor:
+    """In-place all-reduce; the identity for a single-rank group."""
+    if group is not None:
+        dist.all_reduce(tensor, op=op, group=group)
+    return tensor
+
+
+def gather_rows(tensor: torch.Tensor, group: Group) -> torch.Tensor:
+    """Concatenate every rank's ``tensor`` along dim 0, in rank order (no autograd).
+
+    All ranks must pass the same shape: the data pipeline gives every rank the same local batch.
+    """
+    size = group_size(group)
+    if size == 1:
+        return tensor
+    tensor = tensor.contiguous()
+    out = torch.empty((size * tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+    dist.all_gather_single(out, tensor, group=group)
+    return out
+
+
+def reduce_scatter_rows(tensor: torch.Tensor, group: Group) -> torch.Tensor:
+    """Sum ``tensor`` over the group and return this rank's block of rows (no autograd)."""
+    size = group_size(group)
+    if size == 1:
+        return tensor
+    tensor = tensor.contiguous()
+    rows = tensor.shape[0] // size
+    out = torch.empty((rows, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+    dist.reduce_scatter_single(out, tensor, group=group)
+    return out
+
+
+class _AllGatherRows(torch.autograd.Function):
+    """Forward: all-gather rows from every rank of the group (concatenated in rank order).
+    Backward: reduce-scatter the gradient, i.e. sum the contributions every rank computed for the
+    gathered rows and hand each rank the block that belongs to its own input rows."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, group: Group) -> torch.Tensor:
+        ctx.group = group
+        return gather_rows(tensor, group)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        return reduce_scatter_rows(grad_output, ctx.group), None
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Forward: identity.  Backward: multiply the gradient by a constant factor."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, factor: float) -> torch.Tensor:
+        ctx.factor = factor
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        return grad_output * ctx.factor, None
+
+
+def all_gather_rows_with_grad(tensor: torch.Tensor, group: Group) -> torch.Tensor:
+    """Differentiable all-gather along dim 0 (see ``_AllGatherRows``)."""
+    if group_size(group) == 1:
+        return tensor
+    return _AllGatherRows.apply(tensor, group)
+
+
+def scale_grad(tensor: torch.Tensor, factor: float) -> torch.Tensor:
+    """Identity whose backward scales the gradient by ``factor`` (see ``_ScaleGrad``)."""
+    if factor == 1:
+        return tensor
+    return _ScaleGrad.apply(tensor, factor)

@@ -1,0 +1,180 @@
+"""The parallel layout of a job, built once from torchrun's environment and passed explicitly.
+
+Two kinds of group matter:
+
+* the data-parallel group spans every rank; DeepSpeed averages backbone gradients over it;
+* the classifier (tensor-parallel) groups split the ranks into consecutive blocks of
+  ``classifier_parallel_size``.  Each block holds one complete copy of the N-way classifier,
+  sharded by class range.  When there is more than one block, the ranks that hold the *same*
+  class range in different blocks form a ``classifier_replica_group`` over which the shard's
+  gradient is averaged (exactly like data parallelism, but per shard).
+
+Nothing here is stored in module globals: code that needs a group receives a ``ParallelDims``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """Where this process sits in the job.
+
+    ``classifier_group`` / ``classifier_replica_group`` are ``None`` when they contain a single
+    rank: collectives over them are then skipped rather than issued on a trivial group.
+    """
+
+    world_size: int
+    rank: int
+    local_rank: int
+    classifier_parallel_size: int
+    device: torch.device
+    backend: str | None
+    classifier_group: dist.ProcessGroup | None = field(default=None, repr=False)
+    classifier_replica_group: dist.ProcessGroup | None = field(default=None, repr=False)
+
+    @property
+    def classifier_rank(self) -> int:
+        """Index of this rank's class shard inside its classifier group."""
+        return self.rank % self.classifier_parallel_size
+
+    @property
+    def num_classifier_replicas(self) -> int:
+        """How many complete copies of the classifier exist (world / classifier group size)."""
+        return self.world_size // self.classifier_parallel_size
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def data_parallel_group(self) -> dist.ProcessGroup | None:
+        """All ranks (the default group), or ``None`` in a single-process run."""
+        return dist.group.WORLD if self.is_distributed else None
+
+
+def default_device(local_rank: int) -> torch.device:
+    """``cuda:<local_rank>`` when CUDA is present, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def default_backend(device: torch.device) -> str:
+    """NCCL for GPU tensors, gloo for CPU tensors."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def single_process_dims(device: torch.device | None = None) -> ParallelDims:
+    """Layout of a plain single-process run (no process group needed)."""
+    return ParallelDims(
+        world_size=1,
+        rank=0,
+        local_rank=0,
+        classifier_parallel_size=1,
+        device=device if device is not None else default_device(0),
+        backend=None,
+    )
+
+
+def _check_classifier_size(classifier_parallel_size: int, world_size: int) -> None:
+    if classifier_parallel_size < 1 or world_size % classifier_parallel_size != 0:
+        raise ValueError(
+            f"classifier_parallel_size={classifier_parallel_size} must be a positive divisor of the "
+            f"world size {world_size}; pick one of "
+            f"{[d for d in range(1, world_size + 1) if world_size % d == 0]} "
+            "(or leave it unset to shard the classifier over all ranks)."
+        )
+
+
+def init_distributed(
+    classifier_parallel_size: int | None = None,
+    backend: str | None = None,
+    timeout_s: float = 600.0,
+) -> ParallelDims:
+    """Join the job described by torchrun's environment variables and build the groups.
+
+    Without ``WORLD_SIZE`` in the environment this is a single-process run and no process group
+    is created.  ``classifier_parallel_size`` defaults to the world size (the classifier is
+    sharded over every rank, the paper's DHP setting).
+    """
+    if "WORLD_SIZE" not in os.environ:
+        dims = single_process_dims()
+        _check_classifier_size(classifier_parallel_size or 1, 1)
+        return dims
+
+    missing = [name for name in _TORCHRUN_VARS if name not in os.environ]
+    if missing:
+        raise RuntimeError(
+            f"WORLD_SIZE is set but {', '.join(missing)} is not; launch with `torchrun` "
+            "(or the `deepspeed` launcher), which sets all of " + ", ".join(_TORCHRUN_VARS) + "."
+        )
+    world_size = int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    classifier_parallel_size = classifier_parallel_size or world_size
+    _check_classifier_size(classifier_parallel_size, world_size)
+
+    device = default_device(local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = backend or default_backend(device)
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend=backend,
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=device if device.type == "cuda" else None,
+        )
+
+    classifier_group, replica_group = _build_classifier_groups(world_size, rank, classifier_parallel_size)
+    return ParallelDims(
+        world_size=world_size,
+        rank=rank,
+        local_rank=local_rank,
+        classifier_parallel_size=classifier_parallel_size,
+        device=device,
+        backend=backend,
+        classifier_group=classifier_group,
+        classifier_replica_group=replica_group,
+    )
+
+
+def _build_classifier_groups(
+    world_size: int, rank: int, size: int
+) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
+    """Consecutive blocks of ``size`` ranks, and the ranks holding the same shard across blocks.
+
+    ``dist.new_group`` is collective: every rank creates every group, in the same order, and
+    keeps the ones it belongs to.
+    """
+    classifier_group = replica_group = None
+    if size > 1:
+        for start in range(0, world_size, size):
+            ranks = list(range(start, start + size))
+            group = dist.new_group(ranks) if size < world_size else dist.group.WORLD
+            if rank in ranks:
+                classifier_group = group
+    num_replicas = world_size // size
+    if num_replicas > 1:
+        for shard in range(size):
+            ranks = list(range(shard, world_size, size))
+            group = dist.new_group(ranks) if num_replicas < world_size else dist.group.WORLD
+            if rank in ranks:
+                replica_group = group
+    return classifier_group, replica_group
+
+
+def shutdown_distributed() -> None:
+    """Destroy the default process group if this process created one."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
