@@ -1,8 +1,9 @@
 """The `instcls` command line.
 
+    instcls make-shards --source digits|synthetic|folder --out DIR [...]
+    instcls validate-shards DIR
     instcls bench classifier [--num-classes N --batch B --dim D --ranks T --chunk-size C ...]
-
-More subcommands (train, eval, make-shards, plan, ...) arrive with their features.
+    instcls bench data [--shards DIR --batch B --threads T --views V ...]
 """
 
 from __future__ import annotations
@@ -55,11 +56,105 @@ def _run_bench_classifier(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_make_shards(commands) -> None:
+    from data_pipeline.shards import ShardSettings
+
+    defaults = ShardSettings()
+    parser = commands.add_parser("make-shards", help="write WebDataset shards + DALI indexes + manifest")
+    parser.add_argument("--source", required=True, choices=["digits", "synthetic", "folder"],
+                        help="digits: the labelled set inside scikit-learn; synthetic: random images; "
+                        "folder: an image tree ROOT/<class>/<image> given with --root")
+    parser.add_argument("--out", type=Path, required=True, help="output directory (must hold no manifest yet)")
+    parser.add_argument("--root", type=Path, help="image-folder root for --source folder")
+    parser.add_argument("--count", type=int, default=1000, help="number of synthetic images")
+    parser.add_argument("--image-size", type=int, default=32, help="side of digits/synthetic images in pixels")
+    parser.add_argument("--prefix", default=defaults.prefix, help="shard file prefix: PREFIX-000000.tar")
+    parser.add_argument("--samples-per-shard", type=int, default=defaults.samples_per_shard)
+    parser.add_argument("--on-bad-image", default=defaults.on_bad_image, choices=["error", "skip"],
+                        help="refuse the whole run on an undecodable image (default) or skip and count it")
+    parser.add_argument("--max-side", type=int, help="shrink images whose longer side exceeds this")
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of the stored sample order")
+    parser.add_argument("--workers", type=int, default=defaults.workers, help="processes that check/encode images")
+    parser.set_defaults(handler=_run_make_shards)
+
+
+def _run_make_shards(args: argparse.Namespace) -> int:
+    from data_pipeline import sources
+    from data_pipeline.shards import ShardSettings, write_shards
+
+    if args.source == "folder":
+        if args.root is None:
+            raise ValueError("--source folder needs --root ROOT (a directory with one subfolder per class)")
+        source = sources.image_folder(args.root)
+    elif args.source == "digits":
+        source = sources.sklearn_digits(args.image_size)
+    else:
+        source = sources.synthetic(args.count, args.image_size, args.seed)
+    settings = ShardSettings(prefix=args.prefix, samples_per_shard=args.samples_per_shard,
+                             on_bad_image=args.on_bad_image, seed=args.seed, workers=args.workers,
+                             max_side=args.max_side)
+    manifest = write_shards(source, args.out, settings)
+    print(f"wrote {manifest.num_instances} instances in {len(manifest.shards)} shard(s) to {args.out}"
+          + (f"; skipped {len(manifest.skipped)} unreadable image(s), listed in the manifest" if manifest.skipped else ""))
+    return 0
+
+
+def _add_validate_shards(commands) -> None:
+    parser = commands.add_parser("validate-shards", help="decode and check every sample of a shard set")
+    parser.add_argument("shards", type=Path, help="directory with manifest.json")
+    parser.add_argument("--workers", type=int, default=2, help="processes that check shards in parallel")
+    parser.set_defaults(handler=_run_validate_shards)
+
+
+def _run_validate_shards(args: argparse.Namespace) -> int:
+    from data_pipeline.validate import validate_shards
+
+    checked, problems = validate_shards(args.shards, workers=args.workers)
+    for problem in problems:
+        print(f"PROBLEM {problem}")
+    print(f"checked {checked} samples in {args.shards}: " + (f"{len(problems)} problem(s)" if problems else "all good"))
+    return 1 if problems else 0
+
+
+def _add_bench_data(subparsers) -> None:
+    from trainer.bench.data_bench import DataBenchSettings
+
+    defaults = DataBenchSettings()
+    parser = subparsers.add_parser("data", help="images/s of the DALI loader vs the webdataset+torchvision fallback")
+    parser.add_argument("--shards", type=Path, help="shard directory (default: synthetic shards in a temp dir)")
+    parser.add_argument("--synthetic-count", type=int, default=defaults.synthetic_count)
+    parser.add_argument("--image-size", type=int, default=defaults.image_size, help="synthetic image side")
+    parser.add_argument("--crop-size", type=int, default=defaults.crop_size, help="side of the global views")
+    parser.add_argument("--views", type=int, default=defaults.views)
+    parser.add_argument("--small-crops", type=int, default=defaults.small_crops)
+    parser.add_argument("--batch", type=int, default=defaults.batch)
+    parser.add_argument("--threads", type=int, default=defaults.threads, help="DALI threads = DataLoader workers")
+    parser.add_argument("--batches", type=int, default=defaults.batches, help="timed batches")
+    parser.add_argument("--warmup", type=int, default=defaults.warmup, help="untimed batches")
+    parser.set_defaults(handler=_run_bench_data)
+
+
+def _run_bench_data(args: argparse.Namespace) -> int:
+    from trainer.bench.data_bench import DataBenchSettings, format_report, run
+
+    settings = DataBenchSettings(
+        shards=args.shards, synthetic_count=args.synthetic_count, image_size=args.image_size,
+        crop_size=args.crop_size, views=args.views, small_crops=args.small_crops, batch=args.batch,
+        threads=args.threads, batches=args.batches, warmup=args.warmup,
+    )
+    print(format_report(settings, run(settings)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="instcls", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
+    _add_make_shards(commands)
+    _add_validate_shards(commands)
     bench = commands.add_parser("bench", help="benchmarks that print side-by-side ratios")
-    _add_bench_classifier(bench.add_subparsers(dest="benchmark", required=True))
+    benchmarks = bench.add_subparsers(dest="benchmark", required=True)
+    _add_bench_classifier(benchmarks)
+    _add_bench_data(benchmarks)
     return parser
 
 
@@ -67,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except ValueError as error:
+    except (ValueError, FileNotFoundError, FileExistsError) as error:
         print(f"instcls: error: {error}", file=sys.stderr)
         return 2
 

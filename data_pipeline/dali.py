@@ -1,0 +1,138 @@
+"""DALI pipelines over the WebDataset shards: nvJPEG decode on the GPU when CUDA is present
+(``device="mixed"``), a CPU-only pipeline (``device_id=None``) otherwise.  One code path; the
+device is chosen when the pipeline is built.
+
+DALI facts this module relies on: the reader needs the index files and a ``name`` that the
+iterator refers to (without it an epoch never ends); ``pad_last_batch`` repeats samples so every
+shard yields the same number of batches; the iterator reuses its output buffers, so everything
+handed out is copied first.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from nvidia.dali import fn, pipeline_def, types
+from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+from data_pipeline.augment import IMAGENET_MEAN, IMAGENET_STD, AugmentConfig
+from data_pipeline.loader import Batch, FirstSightings, LoaderConfig, steps_per_epoch
+from data_pipeline.manifest import ShardManifest
+
+READER_NAME = "Reader"
+_MEAN = [255 * m for m in IMAGENET_MEAN]
+_STD = [255 * s for s in IMAGENET_STD]
+
+
+def _coin(probability: float):
+    return fn.random.coin_flip(probability=probability, dtype=types.BOOL)
+
+
+def _augmented_view(images, size: int, area: tuple[float, float], augment: AugmentConfig):
+    """One SimCLR view (see ``data_pipeline.augment``); ``if`` runs as a DALI conditional."""
+    images = fn.random_resized_crop(images, size=[size, size], random_area=list(area), random_aspect_ratio=[3 / 4, 4 / 3])
+    brightness, contrast, saturation, hue = augment.jitter
+    if _coin(augment.jitter_prob):
+        images = fn.color_twist(
+            images,
+            brightness=fn.random.uniform(range=[1 - brightness, 1 + brightness]),
+            contrast=fn.random.uniform(range=[1 - contrast, 1 + contrast]),
+            saturation=fn.random.uniform(range=[1 - saturation, 1 + saturation]),
+            hue=fn.random.uniform(range=[-360 * hue, 360 * hue]),  # DALI's hue is in degrees
+        )
+    if _coin(augment.grayscale_prob):
+        images = fn.color_twist(images, saturation=0.0)  # zero chroma: the luma (grayscale) image
+    if _coin(augment.blur_prob):
+        images = fn.gaussian_blur(images, sigma=fn.random.uniform(range=list(augment.blur_sigma)))
+    return fn.crop_mirror_normalize(
+        images, dtype=types.FLOAT, output_layout="CHW", mean=_MEAN, std=_STD, mirror=fn.random.coin_flip()
+    )
+
+
+def _read(tar_paths, index_paths, shard_id, num_shards, shuffle: bool, config: LoaderConfig):
+    return fn.readers.webdataset(
+        paths=tar_paths,
+        index_paths=index_paths,
+        ext=["jpg", "id", "cls"],
+        dtypes=[types.UINT8, types.INT64, types.INT64],
+        shard_id=shard_id,
+        num_shards=num_shards,
+        random_shuffle=shuffle,
+        initial_fill=config.shuffle_buffer,
+        pad_last_batch=True,
+        missing_component_behavior="error",
+        name=READER_NAME,
+        # The same seed on every rank: one global shard order per epoch, so ranks stay disjoint.
+        **(dict(shuffle_after_epoch=True, shuffle_after_epoch_seed=config.seed) if shuffle else {}),
+    )
+
+
+@pipeline_def(enable_conditionals=True)
+def _train_pipeline(tar_paths, index_paths, shard_id, num_shards, decode_device, config: LoaderConfig):
+    jpegs, ids, _ = _read(tar_paths, index_paths, shard_id, num_shards, True, config)
+    images = fn.decoders.image(jpegs, device=decode_device, output_type=types.RGB)
+    views = [_augmented_view(images, size, area, config.augment) for size, area in config.augment.view_specs()]
+    return (*views, ids)
+
+
+@pipeline_def
+def _eval_pipeline(tar_paths, index_paths, shard_id, num_shards, decode_device, config: LoaderConfig):
+    jpegs, ids, labels = _read(tar_paths, index_paths, shard_id, num_shards, False, config)
+    images = fn.decoders.image(jpegs, device=decode_device, output_type=types.RGB)
+    size = config.augment.image_size
+    images = fn.resize(images, resize_shorter=round(size * config.augment.eval_resize))
+    view = fn.crop_mirror_normalize(
+        images, dtype=types.FLOAT, output_layout="CHW", crop=[size, size], mean=_MEAN, std=_STD
+    )
+    return view, ids, labels
+
+
+class DaliLoader:
+    """Iterate once per epoch; yields ``Batch`` on ``device``."""
+
+    def __init__(
+        self, shard_dir: Path, config: LoaderConfig, rank: int, world_size: int, device: torch.device, train: bool
+    ) -> None:
+        manifest = ShardManifest.load(shard_dir)
+        self.config = config
+        self.device = device
+        self.train = train
+        self.num_instances = manifest.num_instances
+        use_gpu = device.type == "cuda"
+        build = _train_pipeline if train else _eval_pipeline
+        self._num_views = len(config.augment.view_specs()) if train else 1
+        pipeline = build(
+            tar_paths=manifest.tar_paths(shard_dir),
+            index_paths=manifest.index_paths(shard_dir),
+            shard_id=rank,
+            num_shards=world_size,
+            decode_device="mixed" if use_gpu else "cpu",
+            config=config,
+            batch_size=config.batch_size,
+            num_threads=config.num_threads,
+            device_id=device.index if use_gpu else None,
+            seed=config.seed * 1000 + rank + (0 if train else 500),  # augmentations differ per rank
+        )
+        pipeline.build()
+        outputs = [f"view{v}" for v in range(self._num_views)] + ["ids"] + ([] if train else ["labels"])
+        policy = LastBatchPolicy.FILL if config.last_batch == "pad" else LastBatchPolicy.DROP
+        self._iterator = DALIGenericIterator(
+            pipeline, outputs, reader_name=READER_NAME, last_batch_policy=policy, auto_reset=True
+        )
+        self._first_sightings = FirstSightings(self.num_instances)
+        self.steps_per_epoch = steps_per_epoch(self.num_instances, world_size, config.batch_size, config.last_batch)
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch
+
+    def __iter__(self):
+        self._first_sightings.new_epoch()
+        for outputs in self._iterator:
+            data = outputs[0]
+            ids = data["ids"].view(-1).clone()  # reader outputs stay on the CPU
+            valid = torch.from_numpy(self._first_sightings.mark(ids.numpy()))
+            views = [data[f"view{v}"].to(self.device, copy=True) for v in range(self._num_views)]
+            labels = None if self.train else data["labels"].view(-1).clone().to(self.device)
+            yield Batch(views=views, instance_ids=ids.to(self.device), valid=valid.to(self.device), labels=labels)

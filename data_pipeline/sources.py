@@ -1,0 +1,96 @@
+"""Where images come from before they become shards: an image-folder tree, the digits set that
+ships inside scikit-learn, or synthetic images.
+
+Each source lists ``SourceImage`` records in a fixed order; the shard writer shuffles them with a
+seed and assigns the dense instance ids.  ``read`` runs in worker processes, so a record carries a
+picklable recipe for its bytes (a path, a small array, a seed), never an open file or a big image.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from PIL import Image
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
+NO_LABEL = -1
+
+
+@dataclass(frozen=True)
+class SourceImage:
+    """One image to shard: its origin (for error messages), its semantic label or ``NO_LABEL``,
+    and ``read()``, which returns its encoded bytes."""
+
+    origin: str
+    label: int
+    read: Callable[[], bytes]
+
+
+def _png_bytes(pixels: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")  # lossless hand-off to the JPEG encoder
+    return buffer.getvalue()
+
+
+def _synthetic_png(seed: int, index: int, image_size: int) -> bytes:
+    # Upscaled low-resolution noise: JPEG sizes and decode cost closer to photos than white noise.
+    rng = np.random.default_rng([seed, index])
+    coarse = rng.integers(0, 256, size=(8, 8, 3), dtype=np.uint8)
+    return _png_bytes(np.asarray(Image.fromarray(coarse).resize((image_size, image_size), Image.BILINEAR)))
+
+
+@dataclass(frozen=True)
+class Source:
+    """A list of images and, when labelled, the names of their classes."""
+
+    name: str
+    images: list[SourceImage]
+    class_names: list[str] | None
+
+
+def image_folder(root: Path) -> Source:
+    """ImageNet-style tree ``root/<class>/<image>``; classes are the sorted subfolder names."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"image folder {root} does not exist; pass a directory with one subfolder per class")
+    class_dirs = sorted(p for p in root.iterdir() if p.is_dir())
+    if not class_dirs:
+        raise ValueError(f"image folder {root} has no class subfolders; expected {root}/<class>/<image files>")
+    images = []
+    for label, class_dir in enumerate(class_dirs):
+        for path in sorted(class_dir.rglob("*")):
+            if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file():
+                images.append(SourceImage(origin=str(path), label=label, read=partial(Path.read_bytes, path)))
+    if not images:
+        raise ValueError(f"image folder {root} contains no images with suffixes {sorted(IMAGE_SUFFIXES)}")
+    return Source(name=f"folder:{root}", images=images, class_names=[d.name for d in class_dirs])
+
+
+def sklearn_digits(image_size: int = 32) -> Source:
+    """The 1797 labelled 8x8 digits of ``sklearn.datasets.load_digits`` (shipped with the package,
+    nothing is downloaded), upscaled to ``image_size`` and stored as RGB."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = []
+    for index, (pixels, label) in enumerate(zip(digits.images, digits.target)):
+        gray = Image.fromarray((pixels * (255.0 / 16.0)).astype(np.uint8))
+        rgb = np.asarray(gray.resize((image_size, image_size), Image.BICUBIC).convert("RGB"))
+        images.append(SourceImage(origin=f"sklearn-digits[{index}]", label=int(label), read=partial(_png_bytes, rgb)))
+    return Source(name="sklearn-digits", images=images, class_names=[str(d) for d in range(10)])
+
+
+def synthetic(count: int, image_size: int, seed: int = 0) -> Source:
+    """``count`` random smooth colour images (no labels) for benchmarks at real image sizes."""
+    if count < 1 or image_size < 8:
+        raise ValueError("synthetic images need --count >= 1 and --image-size >= 8")
+    images = [
+        SourceImage(origin=f"synthetic[{index}]", label=NO_LABEL, read=partial(_synthetic_png, seed, index, image_size))
+        for index in range(count)
+    ]
+    return Source(name=f"synthetic:{count}x{image_size}", images=images, class_names=None)
