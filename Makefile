@@ -24,16 +24,22 @@ test: $(INSTALLED)
 test-fast: $(INSTALLED)
 	$(BIN)/python -m pytest -m "not slow"
 
-# Until the trainer lands (issue 4), the demo runs the heart of the system: one DHP training
-# step of a sharded 100k-way instance classifier on 2 CPU ranks, next to the replicated (DDP)
-# baseline, and prints their time, memory and the ratios.
+# The main job on the embedded default: the scikit-learn digits as WebDataset shards (80% to
+# train on, 20% held out), 15 epochs on 2 CPU ranks (~2 minutes), then kNN accuracy of the
+# trained network next to the same network at its random initialisation.
+DEMO := out/demo
 demo: $(INSTALLED)
-	@echo "instcls demo: the end-to-end trainer is not built yet; running the DHP-vs-replicated"
-	@echo "classifier benchmark on 2 local CPU ranks (N=100,000 classes, B=256, D=128) instead."
-	$(BIN)/instcls bench classifier --num-classes 100000 --batch 256 --dim 128 --ranks 2 --chunk-size 16384
+	@echo "instcls demo: shards of the scikit-learn digits, then DHP training on 2 CPU ranks (torchrun, gloo)"
+	test -f $(DEMO)/shards/train/manifest.json || $(BIN)/instcls make-shards --source digits --split train \
+		--out $(DEMO)/shards/train --prefix digits-train --samples-per-shard 256
+	test -f $(DEMO)/shards/val/manifest.json || $(BIN)/instcls make-shards --source digits --split val \
+		--out $(DEMO)/shards/val --prefix digits-val --samples-per-shard 256
+	rm -rf $(DEMO)/checkpoints $(DEMO)/logs
+	OMP_NUM_THREADS=1 $(BIN)/instcls launch --nproc-per-node 2 -m trainer.cli train \
+		--config configs/demo_cpu.yaml --resume none
 
 bench-classifier: $(INSTALLED)
 	$(BIN)/instcls bench classifier
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache out

@@ -23,6 +23,8 @@ class AugmentConfig:
     small_crops: extra small views per image (multi-crop; 0 disables it).
     small_size: side of the small views.
     small_scale: area range of the small crops.
+    flip_prob: probability of a horizontal flip (0.5; 0 for data where mirroring changes meaning,
+        such as digits).
     jitter: colour-jitter strengths (brightness, contrast, saturation, hue), torchvision semantics.
     jitter_prob / grayscale_prob / blur_prob: probabilities of those steps.
     blur_sigma: range of the Gaussian blur's sigma, in pixels.
@@ -36,6 +38,7 @@ class AugmentConfig:
     small_crops: int = 0
     small_size: int = 96
     small_scale: tuple[float, float] = (0.05, 0.2)
+    flip_prob: float = 0.5
     jitter: tuple[float, float, float, float] = (0.4, 0.4, 0.4, 0.1)
     jitter_prob: float = 0.8
     grayscale_prob: float = 0.2
@@ -46,7 +49,7 @@ class AugmentConfig:
     def __post_init__(self) -> None:
         def need(ok: bool, field: str, fix: str) -> None:
             if not ok:
-                raise ValueError(f"augment.{field}={getattr(self, field)!r} is invalid: {fix}")
+                raise ValueError(f"{field}={getattr(self, field)!r} is invalid: {fix}")
 
         need(self.image_size >= 8, "image_size", "use at least 8 pixels")
         need(self.num_views >= 1, "num_views", "use at least 1 view (the paper uses 2)")
@@ -56,7 +59,7 @@ class AugmentConfig:
             low, high = getattr(self, field)
             need(0 < low <= high <= 1, field, "use 0 < low <= high <= 1 (fractions of the image area)")
         need(all(v >= 0 for v in self.jitter) and self.jitter[3] <= 0.5, "jitter", "use non-negative strengths, hue <= 0.5")
-        for field in ("jitter_prob", "grayscale_prob", "blur_prob"):
+        for field in ("flip_prob", "jitter_prob", "grayscale_prob", "blur_prob"):
             need(0 <= getattr(self, field) <= 1, field, "use a probability in [0, 1]")
         need(0 < self.blur_sigma[0] <= self.blur_sigma[1], "blur_sigma", "use 0 < low <= high")
         need(self.eval_resize >= 1, "eval_resize", "use >= 1 (resize, then centre-crop image_size)")

@@ -5,7 +5,9 @@ device is chosen when the pipeline is built.
 DALI facts this module relies on: the reader needs the index files and a ``name`` that the
 iterator refers to (without it an epoch never ends); ``pad_last_batch`` repeats samples so every
 shard yields the same number of batches; the iterator reuses its output buffers, so everything
-handed out is copied first.
+handed out is copied first; outputs are deterministic for a given seed.  The pipeline is built per
+epoch with that epoch's shard order and seeds (see ``data_pipeline.loader``), so any epoch, and any
+step of it, can be replayed exactly after a restart.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from nvidia.dali import fn, pipeline_def, types
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
 from data_pipeline.augment import IMAGENET_MEAN, IMAGENET_STD, AugmentConfig
-from data_pipeline.loader import Batch, FirstSightings, LoaderConfig, steps_per_epoch
+from data_pipeline.loader import Batch, FirstSightings, LoaderConfig, epoch_seed, epoch_shard_order, steps_per_epoch
 from data_pipeline.manifest import ShardManifest
 
 READER_NAME = "Reader"
@@ -47,7 +49,8 @@ def _augmented_view(images, size: int, area: tuple[float, float], augment: Augme
     if _coin(augment.blur_prob):
         images = fn.gaussian_blur(images, sigma=fn.random.uniform(range=list(augment.blur_sigma)))
     return fn.crop_mirror_normalize(
-        images, dtype=types.FLOAT, output_layout="CHW", mean=_MEAN, std=_STD, mirror=fn.random.coin_flip()
+        images, dtype=types.FLOAT, output_layout="CHW", mean=_MEAN, std=_STD,
+        mirror=fn.random.coin_flip(probability=augment.flip_prob),
     )
 
 
@@ -64,8 +67,6 @@ def _read(tar_paths, index_paths, shard_id, num_shards, shuffle: bool, config: L
         pad_last_batch=True,
         missing_component_behavior="error",
         name=READER_NAME,
-        # The same seed on every rank: one global shard order per epoch, so ranks stay disjoint.
-        **(dict(shuffle_after_epoch=True, shuffle_after_epoch_seed=config.seed) if shuffle else {}),
     )
 
 
@@ -95,41 +96,51 @@ class DaliLoader:
     def __init__(
         self, shard_dir: Path, config: LoaderConfig, rank: int, world_size: int, device: torch.device, train: bool
     ) -> None:
-        manifest = ShardManifest.load(shard_dir)
+        self.manifest = ShardManifest.load(shard_dir)
+        self.shard_dir = shard_dir
         self.config = config
+        self.rank, self.world_size = rank, world_size
         self.device = device
         self.train = train
-        self.num_instances = manifest.num_instances
-        use_gpu = device.type == "cuda"
-        build = _train_pipeline if train else _eval_pipeline
+        self.num_instances = self.manifest.num_instances
+        self.epoch = 0
         self._num_views = len(config.augment.view_specs()) if train else 1
-        pipeline = build(
-            tar_paths=manifest.tar_paths(shard_dir),
-            index_paths=manifest.index_paths(shard_dir),
-            shard_id=rank,
-            num_shards=world_size,
-            decode_device="mixed" if use_gpu else "cpu",
-            config=config,
-            batch_size=config.batch_size,
-            num_threads=config.num_threads,
-            device_id=device.index if use_gpu else None,
-            seed=config.seed * 1000 + rank + (0 if train else 500),  # augmentations differ per rank
-        )
-        pipeline.build()
-        outputs = [f"view{v}" for v in range(self._num_views)] + ["ids"] + ([] if train else ["labels"])
-        policy = LastBatchPolicy.FILL if config.last_batch == "pad" else LastBatchPolicy.DROP
-        self._iterator = DALIGenericIterator(
-            pipeline, outputs, reader_name=READER_NAME, last_batch_policy=policy, auto_reset=True
-        )
         self._first_sightings = FirstSightings(self.num_instances)
         self.steps_per_epoch = steps_per_epoch(self.num_instances, world_size, config.batch_size, config.last_batch)
 
     def __len__(self) -> int:
         return self.steps_per_epoch
 
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _iterator(self) -> DALIGenericIterator:
+        use_gpu = self.device.type == "cuda"
+        order = epoch_shard_order(len(self.manifest.shards), self.config.seed, self.epoch, shuffle=self.train)
+        tars, indexes = self.manifest.tar_paths(self.shard_dir), self.manifest.index_paths(self.shard_dir)
+        build = _train_pipeline if self.train else _eval_pipeline
+        pipeline = build(
+            tar_paths=[tars[i] for i in order],
+            index_paths=[indexes[i] for i in order],
+            shard_id=self.rank,
+            num_shards=self.world_size,
+            decode_device="mixed" if use_gpu else "cpu",
+            config=self.config,
+            batch_size=self.config.batch_size,
+            num_threads=self.config.num_threads,
+            device_id=self.device.index if use_gpu else None,
+            seed=epoch_seed(self.config.seed, self.epoch, self.rank),
+        )
+        pipeline.build()
+        outputs = [f"view{v}" for v in range(self._num_views)] + ["ids"] + ([] if self.train else ["labels"])
+        policy = LastBatchPolicy.FILL if self.config.last_batch == "pad" else LastBatchPolicy.DROP
+        return DALIGenericIterator(pipeline, outputs, reader_name=READER_NAME, last_batch_policy=policy)
+
     def __iter__(self):
         self._first_sightings.new_epoch()
-        for outputs in self._iterator:
+        iterator = self._iterator()
+        self.epoch += 1
+        for outputs in iterator:
             data = outputs[0]
             ids = data["ids"].view(-1).clone()  # reader outputs stay on the CPU
             valid = torch.from_numpy(self._first_sightings.mark(ids.numpy()))

@@ -13,14 +13,13 @@ import math
 import random
 from pathlib import Path
 
-import numpy as np
 import torch
 import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torchvision.transforms import v2
 
 from data_pipeline.augment import IMAGENET_MEAN, IMAGENET_STD, AugmentConfig
-from data_pipeline.loader import Batch, FirstSightings, LoaderConfig, rank_range, steps_per_epoch
+from data_pipeline.loader import Batch, FirstSightings, LoaderConfig, epoch_seed, epoch_shard_order, rank_range, steps_per_epoch
 from data_pipeline.manifest import ShardManifest
 from data_pipeline.shards import decode_int64
 
@@ -31,7 +30,7 @@ def view_transform(size: int, area: tuple[float, float], augment: AugmentConfig)
     return v2.Compose(
         [
             v2.RandomResizedCrop(size, scale=area, ratio=(3 / 4, 4 / 3), antialias=True),
-            v2.RandomHorizontalFlip(),
+            v2.RandomHorizontalFlip(p=augment.flip_prob),
             v2.RandomApply([v2.ColorJitter(brightness, contrast, saturation, hue)], p=augment.jitter_prob),
             v2.RandomGrayscale(p=augment.grayscale_prob),
             v2.RandomApply([v2.GaussianBlur(blur_kernel, sigma=augment.blur_sigma)], p=augment.blur_prob),
@@ -78,7 +77,7 @@ class _RankSamples(IterableDataset):
 
     def __iter__(self):
         worker = get_worker_info()
-        rng = random.Random(self.seed * 100 + (worker.id if worker else 0))
+        rng = random.Random(self.seed * 100 + (worker.id if worker else 0))  # the in-stream shuffle
         pipeline = wds.DataPipeline(
             wds.SimpleShardList(self.urls),
             wds.tarfile_to_samples(),
@@ -105,17 +104,18 @@ class TorchLoader:
         self.train = train
         self.num_instances = self.manifest.num_instances
         self.steps_per_epoch = steps_per_epoch(self.num_instances, world_size, config.batch_size, config.last_batch)
-        self._epoch = 0
+        self.epoch = 0
         self._first_sightings = FirstSightings(self.num_instances)
 
     def __len__(self) -> int:
         return self.steps_per_epoch
 
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
     def _epoch_dataset(self) -> _RankSamples:
         shards = self.manifest.shards
-        order = np.arange(len(shards))
-        if self.train:  # the same permutation on every rank
-            order = np.random.default_rng([self.config.seed, self._epoch]).permutation(len(shards))
+        order = epoch_shard_order(len(shards), self.config.seed, self.epoch, shuffle=self.train)
         start, end = rank_range(self.num_instances, self.rank, self.world_size)
         urls, skip, position = [], 0, 0
         for index in order:
@@ -125,19 +125,16 @@ class TorchLoader:
                     skip = start - position
                 urls.append(str(self.shard_dir / shard.tar))
             position += shard.count
-        seed = self.config.seed * 1000 + self.rank + 7919 * self._epoch
-        return _RankSamples(urls, skip, end - start, self.config, self.train, seed)
+        return _RankSamples(urls, skip, end - start, self.config, self.train, epoch_seed(self.config.seed, self.epoch, self.rank))
 
     def __iter__(self):
         self._first_sightings.new_epoch()
-        loader = DataLoader(
-            self._epoch_dataset(),
-            batch_size=None,
-            num_workers=self.config.num_threads,
-            persistent_workers=False,
-            prefetch_factor=4,
-        )
-        self._epoch += 1
+        dataset = self._epoch_dataset()
+        # Worker RNGs (the torchvision transforms) are seeded from this generator: reproducible epochs.
+        generator = torch.Generator().manual_seed(epoch_seed(self.config.seed, self.epoch, self.rank))
+        loader = DataLoader(dataset, batch_size=None, num_workers=self.config.num_threads, prefetch_factor=4,
+                            generator=generator)
+        self.epoch += 1
         samples = iter(loader)
         batch_size = self.config.batch_size
         produced: list = []

@@ -2,8 +2,10 @@
 
 Epoch semantics (identical for the DALI and the fallback loader):
 
-* The samples of all shards, in a seeded per-epoch shard order, are split into contiguous ranges:
-  rank r of S reads positions ``[N*r // S, N*(r+1) // S)`` (DALI's own sharding rule).
+* The shard order of epoch e is a permutation drawn from (seed, e), the same on every rank, so
+  any epoch can be reproduced on its own (exact resume).  The samples in that order are split
+  into contiguous ranges: rank r of S reads ``[N*r // S, N*(r+1) // S)`` (DALI's sharding rule).
+* Iterating a loader runs one epoch and moves on to the next; ``set_epoch(e)`` jumps to epoch e.
 * ``last_batch="pad"`` (default): every rank runs ``ceil(max range / batch)`` steps; batches past
   the end of a rank's range are filled by repeating samples, and ``Batch.valid`` is False on those
   repeats, so every instance id appears exactly once among valid samples per epoch.
@@ -50,7 +52,7 @@ class LoaderConfig:
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, fix: str) -> None:
             if not ok:
-                raise ValueError(f"data.{name}={getattr(self, name)!r} is invalid: {fix}")
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: {fix}")
 
         need(self.batch_size >= 1, "batch_size", "use at least 1 sample per rank")
         need(self.backend in LOADER_BACKENDS, "backend", f"choose one of {LOADER_BACKENDS}")
@@ -86,6 +88,18 @@ def steps_per_epoch(num_samples: int, world_size: int, batch_size: int, last_bat
             "batch, or last_batch='pad'"
         )
     return steps
+
+
+def epoch_shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
+    """Shard visiting order of ``epoch``: a seeded permutation for training, stored order otherwise."""
+    if not shuffle:
+        return list(range(num_shards))
+    return np.random.default_rng([seed, epoch]).permutation(num_shards).tolist()
+
+
+def epoch_seed(seed: int, epoch: int, rank: int) -> int:
+    """Seed of the random augmentations and in-stream shuffle of (epoch, rank)."""
+    return (seed * 1_000_003 + epoch * 10_007 + rank) % (2**31 - 1)
 
 
 class FirstSightings:

@@ -71,18 +71,31 @@ def image_folder(root: Path) -> Source:
     return Source(name=f"folder:{root}", images=images, class_names=[d.name for d in class_dirs])
 
 
-def sklearn_digits(image_size: int = 32) -> Source:
+DIGITS_SPLITS = ("all", "train", "val")
+
+
+def sklearn_digits(image_size: int = 32, split: str = "all", val_fraction: float = 0.2) -> Source:
     """The 1797 labelled 8x8 digits of ``sklearn.datasets.load_digits`` (shipped with the package,
-    nothing is downloaded), upscaled to ``image_size`` and stored as RGB."""
+    nothing is downloaded), upscaled to ``image_size`` and stored as RGB.
+
+    ``split`` picks a fixed held-out part (``val``, a seeded ``val_fraction`` of the images) or the
+    rest (``train``), so unsupervised training never sees the images kNN evaluation is scored on.
+    """
     from sklearn.datasets import load_digits
 
+    if split not in DIGITS_SPLITS:
+        raise ValueError(f"--split {split!r}: choose one of {DIGITS_SPLITS}")
     digits = load_digits()
+    held_out = set(np.random.default_rng(0).permutation(len(digits.images))[: round(val_fraction * len(digits.images))].tolist())
+    keep = {"all": lambda i: True, "train": lambda i: i not in held_out, "val": lambda i: i in held_out}[split]
     images = []
     for index, (pixels, label) in enumerate(zip(digits.images, digits.target)):
+        if not keep(index):
+            continue
         gray = Image.fromarray((pixels * (255.0 / 16.0)).astype(np.uint8))
         rgb = np.asarray(gray.resize((image_size, image_size), Image.BICUBIC).convert("RGB"))
         images.append(SourceImage(origin=f"sklearn-digits[{index}]", label=int(label), read=partial(_png_bytes, rgb)))
-    return Source(name="sklearn-digits", images=images, class_names=[str(d) for d in range(10)])
+    return Source(name=f"sklearn-digits:{split}", images=images, class_names=[str(d) for d in range(10)])
 
 
 def synthetic(count: int, image_size: int, seed: int = 0) -> Source:

@@ -1,5 +1,8 @@
 """The `instcls` command line.
 
+    instcls launch TORCHRUN_ARGS...     (torchrun that exits 0 after a clean preemption save)
+    instcls train --config FILE [--set section.field=value ...] [--resume auto|none|PATH]   (under torchrun)
+    instcls eval knn|linear --config FILE --checkpoint DIR
     instcls make-shards --source digits|synthetic|folder --out DIR [...]
     instcls validate-shards DIR
     instcls bench classifier [--num-classes N --batch B --dim D --ranks T --chunk-size C ...]
@@ -68,6 +71,8 @@ def _add_make_shards(commands) -> None:
     parser.add_argument("--root", type=Path, help="image-folder root for --source folder")
     parser.add_argument("--count", type=int, default=1000, help="number of synthetic images")
     parser.add_argument("--image-size", type=int, default=32, help="side of digits/synthetic images in pixels")
+    parser.add_argument("--split", default="all", choices=["all", "train", "val"],
+                        help="digits only: the fixed 20%% held-out part (val) or the rest (train)")
     parser.add_argument("--prefix", default=defaults.prefix, help="shard file prefix: PREFIX-000000.tar")
     parser.add_argument("--samples-per-shard", type=int, default=defaults.samples_per_shard)
     parser.add_argument("--on-bad-image", default=defaults.on_bad_image, choices=["error", "skip"],
@@ -87,7 +92,7 @@ def _run_make_shards(args: argparse.Namespace) -> int:
             raise ValueError("--source folder needs --root ROOT (a directory with one subfolder per class)")
         source = sources.image_folder(args.root)
     elif args.source == "digits":
-        source = sources.sklearn_digits(args.image_size)
+        source = sources.sklearn_digits(args.image_size, split=args.split)
     else:
         source = sources.synthetic(args.count, args.image_size, args.seed)
     settings = ShardSettings(prefix=args.prefix, samples_per_shard=args.samples_per_shard,
@@ -146,9 +151,92 @@ def _run_bench_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_config_arguments(parser) -> None:
+    parser.add_argument("--config", type=Path, required=True, help="job config YAML (see configs/)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="override a config value (repeatable), e.g. --set optim.epochs=3")
+
+
+def _add_train(commands) -> None:
+    parser = commands.add_parser("train", help="train under torchrun or the deepspeed launcher")
+    _add_config_arguments(parser)
+    parser.add_argument("--resume", default="auto",
+                        help="auto (newest complete checkpoint, else start fresh), none, or a checkpoint path")
+    # The deepspeed launcher appends --local_rank; the rank is read from the environment instead.
+    parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
+    parser.set_defaults(handler=_run_train)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from trainer.config import load_job_config
+    from trainer.engine.preemption import NonFiniteLossError
+    from trainer.engine.trainer import Trainer
+    from trainer.parallel import init_distributed
+    from trainer.parallel.dims import shutdown_distributed
+
+    config = load_job_config(args.config, args.overrides)
+    dims = init_distributed(config.classifier.parallel_size)
+    try:
+        result = Trainer(config, dims, resume=args.resume).train()
+    except NonFiniteLossError as error:
+        print(f"instcls: rank {dims.rank}: {error}", file=sys.stderr)
+        return 3
+    finally:
+        shutdown_distributed()
+    if dims.rank == 0:
+        print(f"instcls train: stopped ({result.stopped_by}) at epoch {result.state.epoch} step "
+              f"{result.state.global_step}; last checkpoint {result.last_checkpoint}")
+    return 0
+
+
+def _add_eval(commands) -> None:
+    parser = commands.add_parser("eval", help="kNN or linear-probe accuracy of a checkpoint's frozen backbone")
+    parser.add_argument("protocol", choices=["knn", "linear"])
+    _add_config_arguments(parser)
+    parser.add_argument("--checkpoint", required=True, help="checkpoint directory, or 'auto' for the newest")
+    parser.set_defaults(handler=_run_eval)
+
+
+def _run_eval(args: argparse.Namespace) -> int:
+    import torch
+
+    from trainer.config import load_job_config
+    from trainer.engine.checkpoint import resolve_resume
+    from trainer.evaluation.features import extract_features
+    from trainer.evaluation.knn import knn_accuracy
+    from trainer.evaluation.linear import linear_probe_accuracy
+    from trainer.models import build_model
+    from trainer.parallel import init_distributed
+
+    config = load_job_config(args.config, args.overrides)
+    if config.data.eval_shards is None:
+        raise ValueError(f"{args.config}: data.eval_shards is not set; point it at a labelled held-out shard set")
+    checkpoint = resolve_resume(args.checkpoint, config.checkpoint.dir)
+    if checkpoint is None:
+        raise FileNotFoundError(f"no complete checkpoint in {config.checkpoint.dir}")
+    dims = init_distributed()
+    model = build_model(config.model)
+    model.load_state_dict(torch.load(checkpoint / "model.pt", map_location="cpu", weights_only=True))
+    model.to(dims.device)
+    bank, bank_labels = extract_features(model, config.data.knn_bank_shards or config.data.train_shards,
+                                         config.data.loader, dims)
+    queries, query_labels = extract_features(model, config.data.eval_shards, config.data.loader, dims)
+    if args.protocol == "knn":
+        accuracy = knn_accuracy(bank, bank_labels, queries, query_labels, config.eval.knn_k, config.eval.knn_temperature)
+        label = f"kNN (k={config.eval.knn_k}, cosine)"
+    else:
+        accuracy = linear_probe_accuracy(bank, bank_labels, queries, query_labels)
+        label = "linear probe"
+    if dims.rank == 0:
+        print(f"{label} accuracy of {checkpoint}: {100 * accuracy:.2f}%")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="instcls", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
+    _add_train(commands)
+    _add_eval(commands)
     _add_make_shards(commands)
     _add_validate_shards(commands)
     bench = commands.add_parser("bench", help="benchmarks that print side-by-side ratios")
@@ -159,6 +247,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["launch"]:  # everything after `launch` belongs to torchrun
+        from trainer.launcher import launch
+
+        return launch(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)

@@ -28,7 +28,7 @@ from trainer.classifier.config import ClassifierConfig
 from trainer.classifier.sharding import ClassShard
 from trainer.classifier.softmax_ce import ShardedCosineSoftmaxCE
 from trainer.classifier.validation import check_inputs_on_all_ranks, local_input_problem
-from trainer.parallel.collectives import all_gather_rows_with_grad, all_reduce_, gather_rows, group_size, scale_grad
+from trainer.parallel.collectives import CommTimer, all_gather_rows_with_grad, all_reduce_, gather_rows, group_size, scale_grad
 from trainer.parallel.dims import ParallelDims
 
 INIT_BLOCK_ROWS = 65536  # rows drawn from one seeded generator; fixed so W never depends on sharding
@@ -69,6 +69,7 @@ class ShardedCosineClassifier(nn.Module):
             self.shard.class_start, self.shard.num_classes_local, config.feature_dim, config.init_std, config.init_seed
         )
         self.weight = nn.Parameter(rows.to(dims.device))
+        self.comm_timer = CommTimer()  # time in this classifier's collectives (drained by the trainer)
 
     @property
     def class_start(self) -> int:
@@ -90,6 +91,7 @@ class ShardedCosineClassifier(nn.Module):
         features: torch.Tensor,
         instance_ids: torch.Tensor,
         hard_negative_ids: torch.Tensor | None = None,
+        validate: bool | None = None,
     ) -> torch.Tensor:
         """Loss of a local batch.
 
@@ -98,10 +100,12 @@ class ShardedCosineClassifier(nn.Module):
             instance_ids: ``[b]`` global instance ids (the targets).
             hard_negative_ids: ``[b, K]`` hard negatives per sample; used only when
                 ``smoothing_alpha > 0`` (before the first search there are none: pass ``None``).
+            validate: check the inputs on this call (collective; default ``config.validate_inputs``).
+                A trainer checks on log steps only, where it syncs anyway.
         """
         config = self.config
         use_smoothing = config.smoothing_alpha > 0 and hard_negative_ids is not None
-        if config.validate_inputs:
+        if config.validate_inputs if validate is None else validate:
             problem = local_input_problem(
                 features,
                 instance_ids,
@@ -113,8 +117,8 @@ class ShardedCosineClassifier(nn.Module):
 
         targets, target_weights = self._targets(instance_ids, hard_negative_ids if use_smoothing else None)
         features = scale_grad(F.normalize(features, dim=1), self.feature_grad_scale)
-        features = all_gather_rows_with_grad(features, self.group)
-        targets = gather_rows(targets, self.group)
+        features = all_gather_rows_with_grad(features, self.group, self.comm_timer)
+        targets = gather_rows(targets, self.group, self.comm_timer)
         target_cols = torch.where(self.shard.is_local(targets), targets - self.class_start, -1)
         per_sample = ShardedCosineSoftmaxCE.apply(
             features,
@@ -125,6 +129,7 @@ class ShardedCosineClassifier(nn.Module):
             config.chunk_size,
             config.form,
             self.group,
+            self.comm_timer,
         )
         return per_sample.mean()
 
@@ -150,7 +155,7 @@ class ShardedCosineClassifier(nn.Module):
         """
         if self.weight.grad is not None and self.grad_group is not None:
             self.weight.grad.div_(group_size(self.grad_group))
-            all_reduce_(self.weight.grad, dist.ReduceOp.SUM, self.grad_group)
+            all_reduce_(self.weight.grad, dist.ReduceOp.SUM, self.grad_group, self.comm_timer)
 
     @torch.no_grad()
     def load_full_weight(self, full_weight: torch.Tensor) -> None:

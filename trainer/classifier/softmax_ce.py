@@ -30,7 +30,7 @@ from enum import Enum
 import torch
 import torch.distributed as dist
 
-from trainer.parallel.collectives import Group, all_reduce_
+from trainer.parallel.collectives import CommTimer, Group, all_reduce_
 
 NORM_EPS = 1e-12  # the epsilon of torch.nn.functional.normalize
 
@@ -111,6 +111,7 @@ class ShardedCosineSoftmaxCE(torch.autograd.Function):
         chunk_size: int,
         form: SmoothingForm,
         group: Group,
+        timer: CommTimer | None = None,
     ) -> torch.Tensor:
         batch = features.shape[0]
         device = features.device
@@ -132,7 +133,7 @@ class ShardedCosineSoftmaxCE(torch.autograd.Function):
         owned = target_cols >= 0
         active = owned & (target_weights > 0)
         target_max = torch.where(active, target_logits, float("-inf")).amax(dim=1)
-        maxes = all_reduce_(torch.stack([row_max, target_max], dim=1), dist.ReduceOp.MAX, group)
+        maxes = all_reduce_(torch.stack([row_max, target_max], dim=1), dist.ReduceOp.MAX, group, timer)
         global_max, global_target_max = maxes.unbind(dim=1)
         sum_exp = sum_exp * torch.exp(row_max - global_max)
 
@@ -141,7 +142,7 @@ class ShardedCosineSoftmaxCE(torch.autograd.Function):
             target_term = target_exp.sum(dim=1)
         else:
             target_term = torch.where(owned, target_weights * target_logits, 0.0).sum(dim=1)
-        sums = all_reduce_(torch.stack([sum_exp, target_term], dim=1), dist.ReduceOp.SUM, group)
+        sums = all_reduce_(torch.stack([sum_exp, target_term], dim=1), dist.ReduceOp.SUM, group, timer)
         global_sum_exp, global_target_term = sums.unbind(dim=1)
         log_normalizer = global_max + torch.log(global_sum_exp)
 
@@ -186,4 +187,4 @@ class ShardedCosineSoftmaxCE(torch.autograd.Function):
             # Backward of w / |w|: remove the radial component, divide by the norm.
             radial = torch.bmm(grad_weight_hat[:, None, :], weight_hat[:, :, None])[:, 0]  # row dots, no [rows, D] temp
             torch.div(grad_weight_hat.addcmul_(weight_hat, radial, value=-1), weight_norm, out=grad_weight[start:end])
-        return grad_features.to(features.dtype), grad_weight.to(weight.dtype), None, None, None, None, None, None
+        return grad_features.to(features.dtype), grad_weight.to(weight.dtype), None, None, None, None, None, None, None

@@ -9,10 +9,56 @@ single-tensor all-gather and reduce-scatter.
 
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
+
 import torch
 import torch.distributed as dist
 
 Group = dist.ProcessGroup | None
+
+
+class CommTimer:
+    """Accumulates the time spent in collectives without forcing a GPU sync per call.
+
+    On the CPU, wall time around each (blocking) gloo call.  On CUDA, a pair of events per call,
+    resolved by ``drain()``, which the trainer calls on log steps only.
+    """
+
+    def __init__(self) -> None:
+        self._seconds = 0.0
+        self._pending: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    @contextmanager
+    def measure(self, device: torch.device):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self._pending.append((start, end))
+        else:
+            begin = time.perf_counter()
+            yield
+            self._seconds += time.perf_counter() - begin
+
+    def drain(self) -> float:
+        """Seconds measured since the last drain."""
+        for start, end in self._pending:
+            end.synchronize()
+            self._seconds += start.elapsed_time(end) / 1000.0
+        self._pending.clear()
+        seconds, self._seconds = self._seconds, 0.0
+        return seconds
+
+
+@contextmanager
+def _timed(timer: CommTimer | None, tensor: torch.Tensor):
+    if timer is None:
+        yield
+    else:
+        with timer.measure(tensor.device):
+            yield
 
 
 def group_size(group: Group) -> int:
@@ -23,14 +69,15 @@ def group_rank(group: Group) -> int:
     return 0 if group is None else dist.get_rank(group)
 
 
-def all_reduce_(tensor: torch.Tensor, op: dist.ReduceOp, group: Group) -> torch.Tensor:
+def all_reduce_(tensor: torch.Tensor, op: dist.ReduceOp, group: Group, timer: CommTimer | None = None) -> torch.Tensor:
     """In-place all-reduce; the identity for a single-rank group."""
     if group is not None:
-        dist.all_reduce(tensor, op=op, group=group)
+        with _timed(timer, tensor):
+            dist.all_reduce(tensor, op=op, group=group)
     return tensor
 
 
-def gather_rows(tensor: torch.Tensor, group: Group) -> torch.Tensor:
+def gather_rows(tensor: torch.Tensor, group: Group, timer: CommTimer | None = None) -> torch.Tensor:
     """Concatenate every rank's ``tensor`` along dim 0, in rank order (no autograd).
 
     All ranks must pass the same shape: the data pipeline gives every rank the same local batch.
@@ -40,11 +87,12 @@ def gather_rows(tensor: torch.Tensor, group: Group) -> torch.Tensor:
         return tensor
     tensor = tensor.contiguous()
     out = torch.empty((size * tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
-    dist.all_gather_single(out, tensor, group=group)
+    with _timed(timer, tensor):
+        dist.all_gather_single(out, tensor, group=group)
     return out
 
 
-def reduce_scatter_rows(tensor: torch.Tensor, group: Group) -> torch.Tensor:
+def reduce_scatter_rows(tensor: torch.Tensor, group: Group, timer: CommTimer | None = None) -> torch.Tensor:
     """Sum ``tensor`` over the group and return this rank's block of rows (no autograd)."""
     size = group_size(group)
     if size == 1:
@@ -52,7 +100,8 @@ def reduce_scatter_rows(tensor: torch.Tensor, group: Group) -> torch.Tensor:
     tensor = tensor.contiguous()
     rows = tensor.shape[0] // size
     out = torch.empty((rows, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
-    dist.reduce_scatter_single(out, tensor, group=group)
+    with _timed(timer, tensor):
+        dist.reduce_scatter_single(out, tensor, group=group)
     return out
 
 
@@ -62,13 +111,13 @@ class _AllGatherRows(torch.autograd.Function):
     gathered rows and hand each rank the block that belongs to its own input rows."""
 
     @staticmethod
-    def forward(ctx, tensor: torch.Tensor, group: Group) -> torch.Tensor:
-        ctx.group = group
-        return gather_rows(tensor, group)
+    def forward(ctx, tensor: torch.Tensor, group: Group, timer: CommTimer | None) -> torch.Tensor:
+        ctx.group, ctx.timer = group, timer
+        return gather_rows(tensor, group, timer)
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
-        return reduce_scatter_rows(grad_output, ctx.group), None
+        return reduce_scatter_rows(grad_output, ctx.group, ctx.timer), None, None
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -84,11 +133,11 @@ class _ScaleGrad(torch.autograd.Function):
         return grad_output * ctx.factor, None
 
 
-def all_gather_rows_with_grad(tensor: torch.Tensor, group: Group) -> torch.Tensor:
+def all_gather_rows_with_grad(tensor: torch.Tensor, group: Group, timer: CommTimer | None = None) -> torch.Tensor:
     """Differentiable all-gather along dim 0 (see ``_AllGatherRows``)."""
     if group_size(group) == 1:
         return tensor
-    return _AllGatherRows.apply(tensor, group)
+    return _AllGatherRows.apply(tensor, group, timer)
 
 
 def scale_grad(tensor: torch.Tensor, factor: float) -> torch.Tensor:

@@ -40,6 +40,8 @@ class ParallelDims:
     backend: str | None
     classifier_group: dist.ProcessGroup | None = field(default=None, repr=False)
     classifier_replica_group: dist.ProcessGroup | None = field(default=None, repr=False)
+    # gloo over all ranks: small CPU-side agreements (stop flags) that must not sync the GPU.
+    control_group: dist.ProcessGroup | None = field(default=None, repr=False)
 
     @property
     def classifier_rank(self) -> int:
@@ -137,6 +139,7 @@ def init_distributed(
         )
 
     classifier_group, replica_group = _build_classifier_groups(world_size, rank, classifier_parallel_size)
+    control_group = dist.group.WORLD if backend == "gloo" else dist.new_group(backend="gloo")
     return ParallelDims(
         world_size=world_size,
         rank=rank,
@@ -146,6 +149,7 @@ def init_distributed(
         backend=backend,
         classifier_group=classifier_group,
         classifier_replica_group=replica_group,
+        control_group=control_group,
     )
 
 

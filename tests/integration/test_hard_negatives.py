@@ -1,0 +1,51 @@
+"""Hard-negative search and lookup against a brute-force N x N reference, on 1-3 ranks."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from trainer.classifier import ClassShard, gaussian_rows
+from trainer.classifier.hard_negatives import HardNegativeTable, search_hard_negatives
+from trainer.parallel import init_distributed
+from trainer.parallel.launch import spawn_local_workers
+
+NUM_CLASSES, DIM, TOP_K = 53, 6, 7
+
+
+def brute_force_top_k(weight, top_k):
+    w = F.normalize(weight.double(), dim=1)
+    similarity = w @ w.t()
+    similarity.fill_diagonal_(float("-inf"))
+    return similarity.topk(top_k, dim=1).indices
+
+
+def _check(chunks):
+    dims = init_distributed()
+    group_size = dims.classifier_parallel_size
+    full = gaussian_rows(0, NUM_CLASSES, DIM, std=1.0, seed=4)
+    shard = ClassShard(NUM_CLASSES, group_size, dims.classifier_rank)
+    local = full[shard.class_start : shard.class_end]
+    expected = brute_force_top_k(full, TOP_K)
+    query_chunk, key_chunk = chunks
+    found = search_hard_negatives(local, shard, dims.classifier_group, TOP_K, query_chunk, key_chunk)
+    assert torch.equal(found, expected[shard.class_start : shard.class_end]), f"rank {dims.rank}"
+
+    table = HardNegativeTable(found, shard, dims.classifier_group)
+    generator = torch.Generator().manual_seed(dims.rank)
+    ids = torch.randint(0, NUM_CLASSES, (9,), generator=generator)
+    assert torch.equal(table.lookup(ids), expected[ids]), f"lookup on rank {dims.rank}"
+
+
+def test_single_rank_search_matches_brute_force(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    _check((5, 11))
+
+
+@pytest.mark.parametrize("world_size,chunks", [(2, (4, 9)), (3, (100, 100))])
+def test_sharded_search_matches_brute_force(world_size, chunks):
+    spawn_local_workers(_check, world_size, chunks)
+
+
+def test_top_k_needs_enough_instances():
+    with pytest.raises(ValueError, match="needs at least 8 instances"):
+        search_hard_negatives(torch.randn(5, 3), ClassShard(5, 1, 0), None, top_k=7)

@@ -1,0 +1,62 @@
+"""LR schedule and the job config loader's validation messages."""
+
+import math
+
+import pytest
+
+from trainer.config import ConfigError, load_job_config
+from trainer.engine.schedule import LRSchedule, scaled_lr
+
+
+def test_warmup_then_cosine():
+    schedule = LRSchedule(peak_lr=1.0, warmup_steps=4, total_steps=14, min_lr=0.1)
+    assert [schedule.lr_at(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert schedule.lr_at(4) == 1.0
+    assert math.isclose(schedule.lr_at(9), 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert math.isclose(schedule.lr_at(14), 0.1) and math.isclose(schedule.lr_at(100), 0.1)
+
+
+def test_linear_scaling_rule():
+    assert scaled_lr(0.48, 4096, 256) == pytest.approx(0.03)
+    assert scaled_lr(0.48, 4096, 8192) == pytest.approx(0.96)
+
+
+def write(tmp_path, text):
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_shipped_configs_load():
+    for name in ("demo_cpu", "in1k_r50_64gpu", "in21k_r50_64gpu"):
+        config = load_job_config(f"configs/{name}.yaml")
+        assert config.classifier.temperature == 0.15 and config.method.smoothing_alpha == 0.2
+    paper = load_job_config("configs/in1k_r50_64gpu.yaml")
+    assert paper.model.arch == "resnet50" and paper.optim.base_lr == 0.48 and paper.optim.warmup_epochs == 10
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("data: {train_shards: x, loader: {batchsize: 4}}", r"unknown field data.loader.batchsize; did you mean data.loader.batch_size\?"),
+        ("data: {train_shards: x}\noptim: {base_lr: -1}", r"optim.base_lr=-1.0 is invalid: use a positive learning rate"),
+        ("data: {train_shards: x}\nmodel: {arch: vgg16}", r"model.arch='vgg16' is invalid: choose one of"),
+        ("data: {train_shards: x}\noptim: {epochs: ten}", r"optim.epochs='ten' is invalid: expected an integer"),
+        ("model: {arch: resnet18}", r"missing required field\(s\) data"),
+        ("data: {train_shards: x, loader: {backend: nvidia}}", r"data.loader.backend='nvidia' is invalid: choose one of"),
+        ("data: {train_shards: x, loader: {augment: {crop_scale: [0.5]}}}", r"crop_scale=\[0.5\] is invalid: expected a list of 2"),
+    ],
+)
+def test_bad_values_name_the_field(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message):
+        load_job_config(write(tmp_path, text))
+
+
+def test_overrides_apply_and_are_checked(tmp_path):
+    path = write(tmp_path, "data: {train_shards: x}")
+    config = load_job_config(path, ["optim.epochs=3", "optim.warmup_epochs=1", "data.loader.augment.crop_scale=[0.5, 1.0]"])
+    assert config.optim.epochs == 3 and config.data.loader.augment.crop_scale == (0.5, 1.0)
+    with pytest.raises(ConfigError, match="use --set section.field=value"):
+        load_job_config(path, ["optim.epochs"])
+    with pytest.raises(ConfigError, match=r"optim.warmup_epochs=10.0 is invalid: use 0 <= warmup_epochs <= epochs"):
+        load_job_config(path, ["optim.epochs=3"])

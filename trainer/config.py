@@ -1,0 +1,301 @@
+"""The typed job configuration: YAML in, validated dataclasses out.
+
+Every section is a dataclass whose docstring documents its fields and whose ``__post_init__``
+rejects bad values with a message naming the field and the fix.  Unknown keys are errors (with a
+suggestion), so a typo never silently falls back to a default.
+
+    config = load_job_config("configs/demo_cpu.yaml", overrides=["optim.epochs=3"])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from data_pipeline.loader import LoaderConfig
+from trainer.models import ModelConfig
+
+
+class ConfigError(ValueError):
+    """A job config value is wrong; the message names the field and how to fix it."""
+
+
+@dataclass(frozen=True)
+class DataSection:
+    """Attributes:
+    train_shards: directory of the training shard set (with manifest.json).
+    eval_shards: labelled held-out shard set for kNN evaluation at the end (optional).
+    knn_bank_shards: labelled shard set whose features form the kNN memory bank; defaults to
+        train_shards.
+    loader: batch size per rank, backend, threads, augmentation (see ``LoaderConfig``).
+    """
+
+    train_shards: Path
+    eval_shards: Path | None = None
+    knn_bank_shards: Path | None = None
+    loader: LoaderConfig = field(default_factory=LoaderConfig)
+
+
+@dataclass(frozen=True)
+class ClassifierSection:
+    """Attributes:
+    mode: "dhp" (sharded, the method) or "replicated" (the DDP baseline).
+    parallel_size: ranks one classifier is sharded over; a divisor of the world size (default all).
+    temperature: tau of the cosine softmax.
+    chunk_size: classes scored at once (activation memory O(batch * chunk)).
+    smoothing_form: "paper" (Eq. 3) or "soft_target".
+    init_std: std of the Gaussian init (used when method.contrastive_prior is false).
+    """
+
+    mode: str = "dhp"
+    parallel_size: int | None = None
+    temperature: float = 0.15
+    chunk_size: int = 65536
+    smoothing_form: str = "paper"
+    init_std: float = 0.01
+
+
+@dataclass(frozen=True)
+class MethodSection:
+    """Attributes:
+    contrastive_prior: initialise W from one no-grad pass of the random network (BatchNorm in
+        train mode); false: Gaussian init.
+    smoothing_alpha: alpha of the top-K hardest label smoothing (0 disables the search).
+    smoothing_top_k: K hard negatives per instance.
+    smoothing_start_epoch: first epoch that uses smoothing (its search runs at that epoch's start).
+    """
+
+    contrastive_prior: bool = True
+    smoothing_alpha: float = 0.2
+    smoothing_top_k: int = 100
+    smoothing_start_epoch: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.smoothing_alpha < 1:
+            raise ConfigError(f"method.smoothing_alpha={self.smoothing_alpha} is invalid: use 0 <= alpha < 1 (paper: 0.2)")
+        if self.smoothing_top_k < 1:
+            raise ConfigError(f"method.smoothing_top_k={self.smoothing_top_k} is invalid: use K >= 1 (paper: 100)")
+        if self.smoothing_start_epoch < 0:
+            raise ConfigError("method.smoothing_start_epoch must be >= 0")
+
+
+@dataclass(frozen=True)
+class OptimSection:
+    """Attributes:
+    epochs: training epochs.
+    base_lr: learning rate at ``base_batch`` images per step; scaled linearly with the global
+        batch (paper: 0.48 at 4096).
+    base_batch: the batch size ``base_lr`` refers to.
+    warmup_epochs: linear warm-up length, then cosine decay to ``min_lr_ratio * lr``.
+    momentum, weight_decay: SGD settings of both the backbone and the classifier (0.9, 1e-4).
+    """
+
+    epochs: int = 200
+    base_lr: float = 0.48
+    base_batch: int = 4096
+    warmup_epochs: float = 10.0
+    min_lr_ratio: float = 0.0
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.epochs >= 1, "epochs", "train at least 1 epoch"),
+            (self.base_lr > 0, "base_lr", "use a positive learning rate (paper: 0.48 at batch 4096)"),
+            (self.base_batch >= 1, "base_batch", "use the batch size base_lr was tuned for (4096)"),
+            (0 <= self.warmup_epochs <= self.epochs, "warmup_epochs", "use 0 <= warmup_epochs <= epochs"),
+            (0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "use a ratio in [0, 1]"),
+            (0 <= self.momentum < 1, "momentum", "use 0 <= momentum < 1"),
+            (self.weight_decay >= 0, "weight_decay", "use a non-negative weight decay"),
+        ]
+        for ok, name, fix in checks:
+            if not ok:
+                raise ConfigError(f"optim.{name}={getattr(self, name)!r} is invalid: {fix}")
+
+
+@dataclass(frozen=True)
+class CheckpointSection:
+    """Attributes:
+    dir: where checkpoints go (one sub-directory per save, written atomically).
+    every_epochs: save at the end of every n-th epoch (0: never at epoch ends).
+    every_steps: also save every n steps (0: off).
+    keep: complete checkpoints to keep (older ones are deleted after a new one is complete).
+    """
+
+    dir: Path = Path("checkpoints")
+    every_epochs: int = 1
+    every_steps: int = 0
+    keep: int = 2
+
+    def __post_init__(self) -> None:
+        if self.every_epochs < 0 or self.every_steps < 0 or self.keep < 1:
+            raise ConfigError("checkpoint.every_epochs/every_steps must be >= 0 and checkpoint.keep >= 1")
+
+
+@dataclass(frozen=True)
+class LoggingSection:
+    """Attributes:
+    dir: JSON-lines logs, one file per rank.
+    log_every: steps between log lines (and the only steps with host syncs for metrics).
+    metrics_port: Prometheus port of local rank 0; local rank r serves port + r (0 disables).
+    progress: show a progress bar on rank 0.
+    """
+
+    dir: Path = Path("logs")
+    log_every: int = 10
+    metrics_port: int = 9400
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.log_every < 1:
+            raise ConfigError("logging.log_every must be >= 1")
+        if not 0 <= self.metrics_port < 65536:
+            raise ConfigError(f"logging.metrics_port={self.metrics_port} is invalid: use 0 (off) or a TCP port")
+
+
+@dataclass(frozen=True)
+class EvalSection:
+    """Attributes:
+    knn_k: neighbours of the weighted kNN classifier (20).
+    knn_temperature: temperature of the kNN vote weights exp(sim / t) (0.07).
+    knn_at_end: after training, print kNN accuracy of the trained and the random-init network.
+    """
+
+    knn_k: int = 20
+    knn_temperature: float = 0.07
+    knn_at_end: bool = True
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """A training job.  ``deepspeed_config`` is a JSON file in ds_configs/ (ZeRO stage, bf16);
+    batch sizes in it are filled in from ``data.loader.batch_size``.  ``max_steps`` stops early
+    (for tests and smoke runs)."""
+
+    data: DataSection
+    model: ModelConfig = field(default_factory=ModelConfig)
+    classifier: ClassifierSection = field(default_factory=ClassifierSection)
+    method: MethodSection = field(default_factory=MethodSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    logging: LoggingSection = field(default_factory=LoggingSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+    deepspeed_config: Path = Path("ds_configs/zero0.json")
+    seed: int = 0
+    max_steps: int | None = None
+
+
+def _build(cls, data, where: str):
+    """Recursively turn plain YAML data into the dataclass ``cls``."""
+    hint = cls
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where or 'config'} must be a mapping of fields, got {data!r}")
+        fields = {f.name: f for f in dataclasses.fields(hint)}
+        hints = typing.get_type_hints(hint)
+        for key in data:
+            if key not in fields:
+                close = difflib.get_close_matches(key, fields, n=1)
+                suggestion = f"; did you mean {_join(where, close[0])}?" if close else f"; known: {sorted(fields)}"
+                raise ConfigError(f"unknown field {_join(where, key)}{suggestion}")
+        kwargs = {key: _build(hints[key], value, _join(where, key)) for key, value in data.items()}
+        missing = [n for n, f in fields.items() if n not in kwargs and f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING]
+        if missing:
+            raise ConfigError(f"missing required field(s) {', '.join(_join(where, m) for m in missing)}")
+        try:
+            return hint(**kwargs)
+        except ConfigError:
+            raise
+        except (ValueError, TypeError) as error:  # a section's own check: its message starts with the field
+            raise ConfigError(_join(where, str(error))) from error
+    return _coerce(hint, data, where)
+
+
+def _coerce(hint, value, where: str):
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(option, value, where)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{where}={value!r} is invalid: expected {hint}")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)) or len(value) != len(typing.get_args(hint)):
+            raise ConfigError(f"{where}={value!r} is invalid: expected a list of {len(typing.get_args(hint))} numbers")
+        return tuple(_coerce(t, v, f"{where}[{i}]") for i, (t, v) in enumerate(zip(typing.get_args(hint), value)))
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, where)
+    if hint is Path:
+        if not isinstance(value, (str, Path)):
+            raise ConfigError(f"{where}={value!r} is invalid: expected a path")
+        return Path(value)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}={value!r} is invalid: expected true or false")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}={value!r} is invalid: expected an integer")
+        return value
+    if hint is float:
+        if isinstance(value, str):  # PyYAML reads "1e-4" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}={value!r} is invalid: expected a number")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}={value!r} is invalid: expected a string")
+        return value
+    return value
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """``["optim.epochs=3", "data.loader.backend=torch"]`` -> nested updates (values parsed as YAML)."""
+    for override in overrides:
+        key, sep, raw = override.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {override!r} is invalid: use --set section.field=value")
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {override!r}: {part} is not a section")
+        node[parts[-1]] = yaml.safe_load(raw)
+    return data
+
+
+def load_job_config(path: Path | str, overrides: list[str] | None = None) -> JobConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} not found; see configs/ for examples")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path} is not valid YAML: {error}") from error
+    data = apply_overrides(data, overrides or [])
+    try:
+        return _build(JobConfig, data, "")
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from error

@@ -1,0 +1,1 @@
+"""DeepSpeed setup, the classifier's optimizer, schedule, train loop, checkpoints, preemption."""

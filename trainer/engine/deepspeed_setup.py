@@ -1,0 +1,60 @@
+"""The backbone + head through ``deepspeed.initialize`` with a ZeRO config from ds_configs/."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import deepspeed
+import torch
+from torch import nn
+
+from trainer.config import ConfigError
+
+
+def load_deepspeed_config(path: Path, micro_batch: int) -> dict:
+    """Read a ds_configs/ JSON file, drop ``_comment`` keys and fill in the batch size."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"deepspeed_config {path} not found; use one of ds_configs/zero{{0,1,2,3}}[_bf16].json")
+    try:
+        config = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"deepspeed_config {path} is not valid JSON: {error}") from error
+    stage = config.get("zero_optimization", {}).get("stage", 0)
+    if stage not in (0, 1, 2, 3):
+        raise ConfigError(f"{path}: zero_optimization.stage={stage!r} is invalid; use 0, 1, 2 or 3")
+    if config.get("gradient_accumulation_steps", 1) != 1:
+        raise ConfigError(f"{path}: gradient_accumulation_steps must be 1 (the classifier steps every batch)")
+    config["train_micro_batch_size_per_gpu"] = micro_batch
+    config.pop("train_batch_size", None)
+    config.setdefault("zero_allow_untested_optimizer", True)  # plain SGD is what the paper uses
+    return config
+
+
+def initialize_backbone(model: nn.Module, ds_config: dict, lr: float, momentum: float, weight_decay: float):
+    """``(engine, optimizer)``; DeepSpeed averages the backbone gradients over all ranks."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    engine, optimizer, _, _ = deepspeed.initialize(
+        model=model, optimizer=optimizer, config=ds_config, dist_init_required=False
+    )
+    return engine, optimizer
+
+
+def engine_dtype(engine) -> torch.dtype:
+    return torch.bfloat16 if engine.bfloat16_enabled() else torch.float32
+
+
+def zero_stage(engine) -> int:
+    return engine.zero_optimization_stage()
+
+
+def plain_model_from_engine(engine, fresh_model: nn.Module) -> nn.Module:
+    """``fresh_model`` (same architecture) loaded with the engine's weights in fp32, on every rank.
+
+    Collective under ZeRO-3 (parameters are gathered from their partitions)."""
+    parameters = list(engine.module.parameters())
+    with deepspeed.zero.GatheredParameters(parameters, modifier_rank=None):
+        state = {k: v.detach().float().clone() for k, v in engine.module.state_dict().items()}
+    fresh_model.load_state_dict(state)
+    return fresh_model

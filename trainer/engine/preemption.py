@@ -1,0 +1,65 @@
+"""Stopping cleanly: SIGTERM (Kubernetes preemption) and non-finite losses.
+
+The SIGTERM handler only sets a flag.  At step boundaries all ranks agree on it through one tiny
+all-reduce on the gloo control group (a CPU tensor, so no GPU sync), then save and exit 0.  A
+non-finite loss is remembered on the device without a sync and checked on log steps; before every
+checkpoint the parameters are checked too, so a poisoned model is never saved as a good one.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import torch
+import torch.distributed as dist
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+class StopSignal:
+    def __init__(self, control_group) -> None:
+        self._requested = False
+        self._control_group = control_group
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self._requested = True
+
+    def agreed(self) -> bool:
+        """True on every rank once any rank got SIGTERM (collective: call on all ranks)."""
+        flag = torch.tensor([int(self._requested)])
+        if self._control_group is not None:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._control_group)
+        return bool(flag.item())
+
+    def restore(self) -> None:
+        signal.signal(signal.SIGTERM, self._previous)
+
+
+class NonFiniteWatch:
+    """Remembers, on the device, whether any loss since the last check was NaN or inf."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._bad = torch.zeros((), dtype=torch.bool, device=device)
+
+    def observe(self, loss: torch.Tensor) -> None:
+        self._bad |= ~torch.isfinite(loss.detach())
+
+    def observe_parameters(self, tensors) -> None:
+        """Before a save: a finite loss can still be followed by an update that overflowed."""
+        for tensor in tensors:
+            self._bad |= ~torch.isfinite(tensor.detach()).all().to(self._bad.device)
+
+    def check(self, control_group, step: int, last_good: str | None) -> None:
+        """Raise on every rank if any rank saw a non-finite loss (collective)."""
+        flag = self._bad.to("cpu", dtype=torch.int32).reshape(1)
+        if control_group is not None:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=control_group)
+        if flag.item():
+            raise NonFiniteLossError(
+                f"the loss or the parameters became NaN or inf by step {step}; nothing was saved after it. Last good checkpoint: "
+                f"{last_good or 'none'}. Lower optim.base_lr, check the data with `instcls validate-shards`, or "
+                "use an fp32 DeepSpeed config, then resume with --resume auto."
+            )

@@ -1,0 +1,1 @@
+"""Frozen-feature evaluation: weighted kNN and a linear probe on backbone features."""

@@ -1,0 +1,68 @@
+"""torchvision ResNets with a 2-layer MLP head to the classifier's feature width.
+
+``small_input_stem`` swaps the 7x7/2 convolution + max-pool for a 3x3/1 convolution, the usual
+choice for 32-pixel images (the CPU demo); at 224 pixels keep the standard stem.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torchvision
+from torch import nn
+
+ARCHITECTURES = ("resnet18", "resnet34", "resnet50", "resnet101")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Attributes:
+    arch: torchvision ResNet (weights are never downloaded: training starts from random init).
+    small_input_stem: 3x3 stride-1 first convolution and no max-pool, for ~32 px inputs.
+    head_hidden_dim: width of the MLP head's hidden layer (2048 in the paper).
+    feature_dim: output width D of the head, the classifier's input (128 in the paper).
+    """
+
+    arch: str = "resnet50"
+    small_input_stem: bool = False
+    head_hidden_dim: int = 2048
+    feature_dim: int = 128
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHITECTURES:
+            raise ValueError(f"arch={self.arch!r} is invalid: choose one of {ARCHITECTURES}")
+        if self.head_hidden_dim < 1 or self.feature_dim < 1:
+            raise ValueError("head_hidden_dim and feature_dim must be positive")
+
+
+class InstanceModel(nn.Module):
+    """``forward(images) -> head features [b, D]``; ``backbone_features(images) -> [b, F]`` is the
+    representation that kNN and linear evaluation use."""
+
+    def __init__(self, backbone: nn.Module, backbone_dim: int, config: ModelConfig) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = nn.Sequential(
+            nn.Linear(backbone_dim, config.head_hidden_dim),
+            nn.BatchNorm1d(config.head_hidden_dim),
+            nn.ReLU(inplace=True),
+            nn.Linear(config.head_hidden_dim, config.feature_dim),
+        )
+        self.backbone_dim = backbone_dim
+
+    def backbone_features(self, images: torch.Tensor) -> torch.Tensor:
+        return self.backbone(images)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(images))
+
+
+def build_model(config: ModelConfig) -> InstanceModel:
+    backbone = getattr(torchvision.models, config.arch)(weights=None)
+    if config.small_input_stem:
+        backbone.conv1 = nn.Conv2d(3, backbone.conv1.out_channels, kernel_size=3, stride=1, padding=1, bias=False)
+        backbone.maxpool = nn.Identity()
+    backbone_dim = backbone.fc.in_features
+    backbone.fc = nn.Identity()
+    return InstanceModel(backbone, backbone_dim, config)

@@ -1,0 +1,32 @@
+"""One JSON object per line per rank: easy to tail, grep and load into pandas."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from trainer.observability.memory import current_rss_bytes
+
+
+class JsonlLog:
+    def __init__(self, directory: Path, rank: int) -> None:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        self.path = Path(directory) / f"rank-{rank:05d}.jsonl"
+        self._file = open(self.path, "a", buffering=1)
+
+    def write(self, **record) -> None:
+        record = {"time": round(time.time(), 3), **record}
+        self._file.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def memory_readings(device: torch.device) -> dict[str, int]:
+    """What ``instcls_memory_bytes`` reports: CUDA allocator figures on GPU, RSS on CPU."""
+    if device.type == "cuda":
+        return {"cuda_allocated": torch.cuda.memory_allocated(device), "cuda_reserved": torch.cuda.memory_reserved(device)}
+    return {"rss": current_rss_bytes()}

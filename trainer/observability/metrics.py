@@ -1,0 +1,65 @@
+"""Prometheus metrics of one training rank (prometheus-client, served on port base + local_rank).
+
+Base units (seconds, bytes), ``_total`` counters, a step-duration histogram.  Every series carries
+a ``rank`` label so a dashboard can tell the ranks of a pod apart even before relabelling.
+The registry is per process, never the library's global default.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+# Every metric the exporter serves; the Grafana dashboard test checks its queries against this.
+METRIC_NAMES = (
+    "instcls_samples_processed_total",
+    "instcls_step_duration_seconds",
+    "instcls_data_wait_seconds_total",
+    "instcls_loss",
+    "instcls_learning_rate",
+    "instcls_memory_bytes",
+    "instcls_classifier_shard_classes",
+    "instcls_classifier_shard_bytes",
+    "instcls_classifier_comm_seconds_total",
+    "instcls_epoch",
+    "instcls_epoch_progress_ratio",
+    "instcls_steps_per_epoch",
+)
+
+
+class TrainingMetrics:
+    def __init__(self, rank: int) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["rank"]
+        r = self.registry
+
+        def counter(name, doc):
+            return Counter(name.removesuffix("_total"), doc, labels, registry=r).labels(str(rank))
+
+        def gauge(name, doc, extra=()):
+            g = Gauge(name, doc, labels + list(extra), registry=r)
+            return g if extra else g.labels(str(rank))
+
+        self.rank = str(rank)
+        self.samples = counter("instcls_samples_processed_total", "Images consumed by training on this rank.")
+        self.step_duration = Histogram(
+            "instcls_step_duration_seconds", "Wall time of one training step.", labels, buckets=STEP_BUCKETS, registry=r
+        ).labels(self.rank)
+        self.data_wait = counter("instcls_data_wait_seconds_total", "Time the step waited for the data loader.")
+        self.loss = gauge("instcls_loss", "Training loss at the last log step.")
+        self.lr = gauge("instcls_learning_rate", "Current learning rate.")
+        self.memory = gauge("instcls_memory_bytes", "Memory of this rank (CUDA allocated/reserved, or CPU RSS).", ["kind"])
+        self.shard_classes = gauge("instcls_classifier_shard_classes", "Classes held by this rank's classifier shard.")
+        self.shard_bytes = gauge("instcls_classifier_shard_bytes", "Bytes of this rank's classifier weight shard.")
+        self.comm = counter("instcls_classifier_comm_seconds_total", "Time in the classifier's collectives.")
+        self.epoch = gauge("instcls_epoch", "Current epoch (0-based).")
+        self.epoch_progress = gauge("instcls_epoch_progress_ratio", "Fraction of the current epoch done.")
+        self.steps_per_epoch = gauge("instcls_steps_per_epoch", "Steps in one epoch on this rank.")
+
+    def set_memory(self, readings: dict[str, int]) -> None:
+        for kind, value in readings.items():
+            self.memory.labels(self.rank, kind).set(value)
+
+    def serve(self, port: int) -> None:
+        start_http_server(port, addr="0.0.0.0", registry=self.registry)
