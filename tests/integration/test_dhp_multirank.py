@@ -157,3 +157,32 @@ def _uneven_batches():
 @pytest.mark.parametrize("worker", [_bad_ids_on_one_rank, _uneven_batches])
 def test_bad_input_on_one_rank_fails_every_rank_without_hanging(worker):
     spawn_local_workers(worker, 2)
+
+
+def _in_backward_sgd_matches_torch_sgd():
+    dims = init_distributed()
+    config = ClassifierConfig(num_classes=NUM_CLASSES, feature_dim=DIM, chunk_size=5, smoothing_alpha=0.2,
+                              smoothing_top_k=TOP_K)
+    plain, fused = ShardedCosineClassifier(config, dims), ShardedCosineClassifier(config, dims)
+    sgd = torch.optim.SGD([plain.weight], lr=0.3, momentum=0.9, weight_decay=1e-2)
+    in_backward = fused.use_in_backward_sgd(lr=0.3, momentum=0.9, weight_decay=1e-2)
+    generator = torch.Generator().manual_seed(9)
+    for _ in range(3):
+        features = torch.randn(LOCAL_BATCH * dims.world_size, DIM, generator=generator)
+        ids = torch.randint(0, NUM_CLASSES, (features.shape[0],), generator=generator)
+        hard = random_hard_negatives(ids, NUM_CLASSES, TOP_K, generator)
+        mine = slice(dims.rank * LOCAL_BATCH, (dims.rank + 1) * LOCAL_BATCH)
+        sgd.zero_grad()
+        plain(features[mine], ids[mine], hard[mine]).backward()
+        sgd.step()
+        fused(features[mine], ids[mine], hard[mine]).backward()
+        assert fused.weight.grad is None, "the in-backward update must not materialise W's gradient"
+        in_backward.step()
+    torch.testing.assert_close(fused.weight.detach(), plain.weight.detach(), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(in_backward.state[fused.weight]["momentum_buffer"],
+                               sgd.state[plain.weight]["momentum_buffer"], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_sgd_inside_the_backward_equals_torch_sgd(world_size):
+    spawn_local_workers(_in_backward_sgd_matches_torch_sgd, world_size)

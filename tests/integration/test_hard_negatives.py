@@ -19,7 +19,7 @@ def brute_force_top_k(weight, top_k):
     return similarity.topk(top_k, dim=1).indices
 
 
-def _check(chunks):
+def _check(chunks, use_faiss=None):
     dims = init_distributed()
     group_size = dims.classifier_parallel_size
     full = gaussian_rows(0, NUM_CLASSES, DIM, std=1.0, seed=4)
@@ -27,7 +27,7 @@ def _check(chunks):
     local = full[shard.class_start : shard.class_end]
     expected = brute_force_top_k(full, TOP_K)
     query_chunk, key_chunk = chunks
-    found = search_hard_negatives(local, shard, dims.classifier_group, TOP_K, query_chunk, key_chunk)
+    found = search_hard_negatives(local, shard, dims.classifier_group, TOP_K, query_chunk, key_chunk, use_faiss)
     assert torch.equal(found, expected[shard.class_start : shard.class_end]), f"rank {dims.rank}"
 
     table = HardNegativeTable(found, shard, dims.classifier_group)
@@ -36,14 +36,15 @@ def _check(chunks):
     assert torch.equal(table.lookup(ids), expected[ids]), f"lookup on rank {dims.rank}"
 
 
-def test_single_rank_search_matches_brute_force(monkeypatch):
+@pytest.mark.parametrize("use_faiss", [True, False], ids=["faiss", "matmul-topk"])
+def test_single_rank_search_matches_brute_force(monkeypatch, use_faiss):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    _check((5, 11))
+    _check((5, 11), use_faiss)
 
 
-@pytest.mark.parametrize("world_size,chunks", [(2, (4, 9)), (3, (100, 100))])
-def test_sharded_search_matches_brute_force(world_size, chunks):
-    spawn_local_workers(_check, world_size, chunks)
+@pytest.mark.parametrize("world_size,chunks,use_faiss", [(2, (4, 9), True), (2, (4, 9), False), (3, (100, 100), None)])
+def test_sharded_search_matches_brute_force(world_size, chunks, use_faiss):
+    spawn_local_workers(_check, world_size, chunks, use_faiss)
 
 
 def test_top_k_needs_enough_instances():

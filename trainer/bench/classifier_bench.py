@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
+from trainer.bench.step_runner import StepSpec, run_steps, synchronize
 from trainer.observability.memory import peak_since, reset_peak
 from trainer.parallel import init_distributed
 from trainer.parallel.launch import spawn_local_workers
@@ -50,49 +50,9 @@ class ClassifierBenchSettings:
             raise ValueError(f"--ranks {self.ranks} needs that many GPUs; this machine has {torch.cuda.device_count()}")
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed_steps(settings: ClassifierBenchSettings, mode: str, num_classes: int, dims, steps: int):
-    """Build a classifier and its SGD, run ``warmup + steps`` steps; per-step and W-sync seconds."""
-    device = dims.device
-    dtype = getattr(torch, settings.dtype)
-    local_batch = settings.batch // dims.world_size
-    config = ClassifierConfig(
-        num_classes=num_classes,
-        feature_dim=settings.dim,
-        chunk_size=settings.chunk_size,
-        mode=mode,
-        validate_inputs=False,
-    )
-    classifier = ShardedCosineClassifier(config, dims)
-    # fused: no W-sized temporaries in the update (one fewer copy of W at the peak).
-    optimizer = torch.optim.SGD([classifier.weight], lr=0.1, momentum=0.9, weight_decay=1e-4, fused=True)
-    generator = torch.Generator(device=device).manual_seed(dims.rank)
-    features = torch.randn(local_batch, settings.dim, device=device, dtype=dtype, generator=generator)
-    features.requires_grad_()
-    ids = torch.randint(0, num_classes, (local_batch,), device=device, generator=generator)
-
-    step_times, sync_times = [], []
-    for step in range(settings.warmup + steps):
-        dist.barrier()
-        _synchronize(device)
-        start = time.perf_counter()
-        optimizer.zero_grad()
-        classifier(features, ids).backward()
-        _synchronize(device)
-        sync_start = time.perf_counter()
-        classifier.reduce_weight_grad()
-        _synchronize(device)
-        sync_end = time.perf_counter()
-        optimizer.step()
-        _synchronize(device)
-        if step >= settings.warmup:
-            step_times.append(time.perf_counter() - start)
-            sync_times.append(sync_end - sync_start)
-    return classifier, step_times, sync_times
+def _step_spec(settings: ClassifierBenchSettings, mode: str, num_classes: int, steps: int) -> StepSpec:
+    return StepSpec(num_classes=num_classes, batch=settings.batch, dim=settings.dim, chunk_size=settings.chunk_size,
+                    mode=mode, dtype=settings.dtype, steps=steps, warmup=settings.warmup)
 
 
 def _worker(settings: ClassifierBenchSettings, mode: str, result_path: str) -> None:
@@ -100,21 +60,21 @@ def _worker(settings: ClassifierBenchSettings, mode: str, result_path: str) -> N
     device = dims.device
     # A tiny run first loads everything the step touches once per process (optimizer internals,
     # collective buffers, kernels), so the measured peak is the classifier's own memory.
-    _timed_steps(settings, mode, num_classes=max(settings.ranks, 16), dims=dims, steps=1)
+    run_steps(_step_spec(settings, mode, num_classes=max(settings.ranks, 16), steps=1), dims)
     baseline = reset_peak(device)
-    classifier, step_times, sync_times = _timed_steps(settings, mode, settings.num_classes, dims, settings.steps)
+    stats = run_steps(_step_spec(settings, mode, settings.num_classes, settings.steps), dims)
     peak, peak_above_baseline = peak_since(device, baseline)
 
     dtype = getattr(torch, settings.dtype)
-    roofline_gflops = _matmul_gflops(settings, classifier.num_classes_local, device, dtype) if mode == "dhp" else None
+    roofline_gflops = _matmul_gflops(settings, stats.num_classes_local, device, dtype) if mode == "dhp" else None
     result = dict(
         rank=dims.rank,
-        step_s=sum(step_times) / len(step_times),
-        weight_grad_sync_s=sum(sync_times) / len(sync_times),
+        step_s=stats.step_s,
+        weight_grad_sync_s=stats.weight_grad_sync_s,
         peak_bytes=peak,
         peak_above_baseline_bytes=peak_above_baseline,
-        num_classes_local=classifier.num_classes_local,
-        rows_scored=settings.batch if mode == "dhp" else settings.batch // dims.world_size,
+        num_classes_local=stats.num_classes_local,
+        rows_scored=stats.rows_scored,
         matmul_gflops=roofline_gflops,
     )
     gathered: list[dict] = [None] * dims.world_size  # type: ignore[list-item]
@@ -129,12 +89,12 @@ def _matmul_gflops(settings: ClassifierBenchSettings, num_classes_local: int, de
     b = torch.randn(settings.dim, num_classes_local, device=device, dtype=dtype)
     out = torch.mm(a, b)  # reused, as the classifier reuses its chunk workspace
     dist.barrier()
-    _synchronize(device)
+    synchronize(device)
     start = time.perf_counter()
     repeats = max(2, settings.steps)
     for _ in range(repeats):
         torch.mm(a, b, out=out)
-    _synchronize(device)
+    synchronize(device)
     seconds = (time.perf_counter() - start) / repeats
     return 2 * settings.batch * num_classes_local * settings.dim / seconds / 1e9
 

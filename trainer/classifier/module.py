@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.classifier.config import ClassifierConfig
+from trainer.classifier.in_backward_sgd import InBackwardSGD
 from trainer.classifier.sharding import ClassShard
 from trainer.classifier.softmax_ce import ShardedCosineSoftmaxCE
 from trainer.classifier.validation import check_inputs_on_all_ranks, local_input_problem
@@ -70,6 +71,18 @@ class ShardedCosineClassifier(nn.Module):
         )
         self.weight = nn.Parameter(rows.to(dims.device))
         self.comm_timer = CommTimer()  # time in this classifier's collectives (drained by the trainer)
+        self.update_in_backward = None
+
+    def use_in_backward_sgd(self, lr: float, momentum: float, weight_decay: float):
+        """Apply SGD to each chunk of W during the backward, so W's full gradient never exists
+        (see ``InBackwardSGD``); returns the optimizer for the schedule and checkpoints."""
+        if self.grad_group is not None:
+            raise ValueError(
+                "classifier.update_in_backward needs mode 'dhp' with a single classifier group: the shard's gradient "
+                "would otherwise have to be averaged across ranks before the update"
+            )
+        self.update_in_backward = InBackwardSGD(self.weight, lr, momentum, weight_decay)
+        return self.update_in_backward
 
     @property
     def class_start(self) -> int:
@@ -130,6 +143,7 @@ class ShardedCosineClassifier(nn.Module):
             config.form,
             self.group,
             self.comm_timer,
+            self.update_in_backward,
         )
         return per_sample.mean()
 

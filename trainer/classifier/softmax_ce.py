@@ -112,6 +112,7 @@ class ShardedCosineSoftmaxCE(torch.autograd.Function):
         form: SmoothingForm,
         group: Group,
         timer: CommTimer | None = None,
+        update_in_backward=None,  # an InBackwardSGD: apply each chunk's gradient at once
     ) -> torch.Tensor:
         batch = features.shape[0]
         device = features.device
@@ -161,6 +162,7 @@ class ShardedCosineSoftmaxCE(torch.autograd.Function):
         ctx.save_for_backward(features, weight, target_cols, target_coef, log_normalizer, softmax_scale)
         ctx.temperature = temperature
         ctx.chunk_size = chunk_size
+        ctx.update_in_backward = update_in_backward
         return loss
 
     @staticmethod
@@ -170,8 +172,9 @@ class ShardedCosineSoftmaxCE(torch.autograd.Function):
         grad_loss = grad_loss.float()
         softmax_grad = (grad_loss * softmax_scale)[:, None]
         target_grad = grad_loss[:, None] * target_coef
+        update = ctx.update_in_backward
         grad_features = torch.zeros(features.shape, dtype=torch.float32, device=features.device)
-        grad_weight = torch.empty_like(weight, dtype=torch.float32)
+        grad_weight = None if update is not None else torch.empty_like(weight, dtype=torch.float32)
         workspace = ChunkWorkspace(
             features.shape[0], min(chunk_size, weight.shape[0]), weight.shape[1], features.dtype, features.device
         )
@@ -186,5 +189,10 @@ class ShardedCosineSoftmaxCE(torch.autograd.Function):
             grad_weight_hat = workspace.grad_weight_hat(grad_logits, features)
             # Backward of w / |w|: remove the radial component, divide by the norm.
             radial = torch.bmm(grad_weight_hat[:, None, :], weight_hat[:, :, None])[:, 0]  # row dots, no [rows, D] temp
-            torch.div(grad_weight_hat.addcmul_(weight_hat, radial, value=-1), weight_norm, out=grad_weight[start:end])
-        return grad_features.to(features.dtype), grad_weight.to(weight.dtype), None, None, None, None, None, None, None
+            grad_rows = grad_weight_hat.addcmul_(weight_hat, radial, value=-1).div_(weight_norm)
+            if update is not None:
+                update.apply_rows(start, end, grad_rows)  # later chunks never read these rows again
+            else:
+                grad_weight[start:end] = grad_rows
+        grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)
+        return grad_features.to(features.dtype), grad_weight, None, None, None, None, None, None, None, None

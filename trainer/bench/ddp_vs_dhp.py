@@ -1,0 +1,212 @@
+"""`instcls bench ddp-vs-dhp`: the paper's Table 1 / Figure 3 on this machine.
+
+For each mode (DDP = ``replicated``, DHP = ``dhp``) the number of classes N grows geometrically
+until a step fails to allocate under the per-rank memory cap, then the boundary is bisected.  Each
+point runs in fresh processes (so peaks and the cap are per point) and records, per rank, the
+outcome, peak memory, and step time split into compute and classifier communication.
+Outputs in ``--out``: ``points.csv``, ``table.md`` (Table 1), ``memory.png`` (Figure 3),
+``summary.json``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import tempfile
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from trainer.bench.memory_cap import apply_memory_cap, is_out_of_memory
+from trainer.bench.step_runner import StepSpec, run_steps
+from trainer.observability.memory import peak_since, reset_peak
+from trainer.parallel import init_distributed
+from trainer.parallel.launch import spawn_local_workers
+
+MODES = {"ddp": "replicated", "dhp": "dhp"}
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    ranks: int = 2
+    batch: int = 256  # global
+    dim: int = 128
+    chunk_size: int = 65536
+    cap_gib: float = 2.0  # per rank
+    start_classes: int = 100_000
+    growth: float = 2.0
+    refine_steps: int = 4  # bisection steps between the last fit and the first failure
+    max_classes: int = 2_000_000_000
+    steps: int = 1
+    warmup: int = 1
+    dtype: str = "float32"
+    update_in_backward: bool = False  # DHP's in-backward SGD (W's gradient never materialised)
+    backbone: str | None = None
+    image_size: int = 64
+
+    def spec(self, mode: str, num_classes: int) -> StepSpec:
+        return StepSpec(num_classes=num_classes, batch=self.batch, dim=self.dim, chunk_size=self.chunk_size,
+                        mode=MODES[mode], dtype=self.dtype, steps=self.steps, warmup=self.warmup,
+                        update_in_backward=self.update_in_backward and mode == "dhp", backbone=self.backbone,
+                        image_size=self.image_size)
+
+
+def _point_worker(settings: SweepSettings, mode: str, num_classes: int, result_dir: str) -> None:
+    """Never raises: a failure is recorded so the other ranks' results still come back."""
+    dims = init_distributed(timeout_s=120)
+    result = dict(rank=dims.rank, status="ok", message="")
+    try:
+        run_steps(settings.spec(mode, max(16, settings.ranks)), dims)  # warm the runtime up first
+        baseline = reset_peak(dims.device)
+        apply_memory_cap(dims.device, int(settings.cap_gib * GIB))
+        stats = run_steps(settings.spec(mode, num_classes), dims)
+        peak, above = peak_since(dims.device, baseline)
+        result.update(step_s=stats.step_s, comm_s=stats.comm_s, compute_s=stats.step_s - stats.comm_s,
+                      peak_bytes=peak, peak_above_baseline_bytes=above, num_classes_local=stats.num_classes_local)
+    except Exception as error:  # noqa: BLE001 - every failure becomes a recorded outcome
+        result.update(status="oom" if is_out_of_memory(error) else "peer_failed", message=str(error)[:300])
+    Path(result_dir, f"rank-{dims.rank:05d}.json").write_text(json.dumps(result))
+
+
+def run_point(settings: SweepSettings, mode: str, num_classes: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            spawn_local_workers(_point_worker, settings.ranks, settings, mode, num_classes, tmp)
+        except Exception:  # a rank killed outright (no result file) counts as a failed point
+            pass
+        ranks = [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("rank-*.json"))]
+    statuses = {r["status"] for r in ranks}
+    status = "ok" if statuses == {"ok"} and len(ranks) == settings.ranks else ("oom" if "oom" in statuses else "failed")
+    return dict(mode=mode, num_classes=num_classes, status=status, ranks=ranks)
+
+
+def sweep(settings: SweepSettings, mode: str, progress=print) -> list[dict]:
+    """Points of one mode: geometric growth to the first failure, then bisection."""
+    points, fit, fail = [], None, None
+    n = settings.start_classes
+    while n <= settings.max_classes:
+        point = run_point(settings, mode, n)
+        points.append(point)
+        progress(f"{mode:>4} N={n:>12,}: {point['status']}")
+        if point["status"] != "ok":
+            fail = n
+            break
+        fit = n
+        n = int(n * settings.growth)
+    for _ in range(settings.refine_steps if fit and fail else 0):
+        middle = (fit + fail) // 2
+        point = run_point(settings, mode, middle)
+        points.append(point)
+        progress(f"{mode:>4} N={middle:>12,}: {point['status']} (refining)")
+        fit, fail = (middle, fail) if point["status"] == "ok" else (fit, middle)
+    return points
+
+
+def largest_fit(points: list[dict]) -> int | None:
+    fits = [p["num_classes"] for p in points if p["status"] == "ok"]
+    return max(fits) if fits else None
+
+
+def _worst(point: dict, key: str) -> float:
+    return max(r[key] for r in point["ranks"])
+
+
+def summarize(settings: SweepSettings, points: dict[str, list[dict]]) -> dict:
+    largest = {mode: largest_fit(p) for mode, p in points.items()}
+    common = largest["ddp"]
+    summary = dict(settings=asdict(settings), largest_classes=largest,
+                   dhp_over_ddp_classes=(largest["dhp"] / largest["ddp"]) if largest["ddp"] and largest["dhp"] else None)
+    if common:  # both modes at the largest N that DDP fits
+        at = {}
+        for mode in points:
+            point = next((p for p in points[mode] if p["num_classes"] == common and p["status"] == "ok"), None)
+            if point is None:
+                point = run_point(settings, mode, common)
+                points[mode].append(point)
+            if point["status"] == "ok":
+                at[mode] = {key: _worst(point, key) for key in ("step_s", "compute_s", "comm_s", "peak_above_baseline_bytes")}
+        summary["at_largest_common_n"] = dict(num_classes=common, **at)
+        if "dhp" in at and "ddp" in at:
+            summary["dhp_speedup_at_common_n"] = at["ddp"]["step_s"] / at["dhp"]["step_s"]
+    return summary
+
+
+def write_outputs(settings: SweepSettings, points: dict[str, list[dict]], summary: dict, out: Path) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "points.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["mode", "num_classes", "status", "rank", "peak_bytes", "peak_above_baseline_bytes",
+                         "step_s", "compute_s", "comm_s", "message"])
+        for mode_points in points.values():
+            for point in sorted(mode_points, key=lambda p: p["num_classes"]):
+                for r in point["ranks"]:
+                    writer.writerow([point["mode"], point["num_classes"], r["status"], r["rank"], r.get("peak_bytes"),
+                                     r.get("peak_above_baseline_bytes"), r.get("step_s"), r.get("compute_s"),
+                                     r.get("comm_s"), r.get("message", "")])
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    table = format_table(settings, points, summary)
+    (out / "table.md").write_text(table + "\n")
+    plot_memory(settings, points, out / "memory.png")
+    return table
+
+
+def format_table(settings: SweepSettings, points: dict[str, list[dict]], summary: dict) -> str:
+    cap = f"{settings.cap_gib:g} GiB/rank"
+    common = summary.get("at_largest_common_n", {})
+    n_common = common.get("num_classes")
+    lines = [
+        f"DDP vs DHP, T={settings.ranks} ranks, global batch {settings.batch}, D={settings.dim}, "
+        f"chunk {settings.chunk_size}, cap {cap}" + (f", backbone {settings.backbone}" if settings.backbone else ""),
+        "",
+        f"| method | largest N trained ({cap}) | first N that failed | memory/rank at N={n_common:,} | "
+        f"step at N={n_common:,} (compute + comm) |" if n_common else "| method | largest N trained | first N that failed | | |",
+        "|---|---|---|---|---|",
+    ]
+    for mode, label in (("ddp", "DDP (replicated W)"), ("dhp", "DHP (sharded W)")):
+        fails = [p["num_classes"] for p in points[mode] if p["status"] != "ok"]
+        at = common.get(mode)
+        memory = f"{at['peak_above_baseline_bytes'] / GIB:.2f} GiB" if at else "OOM"
+        step = f"{at['step_s']:.3f} s ({at['compute_s']:.3f} + {at['comm_s']:.3f})" if at else "OOM"
+        largest = summary["largest_classes"][mode]
+        lines.append(f"| {label} | {largest:,} | {min(fails):,} | {memory} | {step} |" if largest and fails else
+                     f"| {label} | {largest or 0:,} | {min(fails) if fails else 'none'} | {memory} | {step} |")
+    if summary.get("dhp_over_ddp_classes"):
+        lines.append("")
+        lines.append(f"DHP trains {summary['dhp_over_ddp_classes']:.2f}x the classes of DDP "
+                     f"(target >= {0.9 * settings.ranks:.1f}x = 0.9*T)")
+    if summary.get("dhp_speedup_at_common_n"):
+        lines.append(f"DHP step is {summary['dhp_speedup_at_common_n']:.2f}x faster than DDP at N={n_common:,}")
+    return "\n".join(lines)
+
+
+def plot_memory(settings: SweepSettings, points: dict[str, list[dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for mode, colour, label in (("ddp", "tab:red", "DDP"), ("dhp", "tab:blue", "DHP")):
+        ok = sorted((p for p in points[mode] if p["status"] == "ok"), key=lambda p: p["num_classes"])
+        axis.plot([p["num_classes"] for p in ok], [_worst(p, "peak_above_baseline_bytes") / GIB for p in ok],
+                  "o-", color=colour, label=f"{label} (peak memory per rank)")
+        failed = [p["num_classes"] for p in points[mode] if p["status"] != "ok"]
+        if failed:
+            axis.plot([min(failed)], [settings.cap_gib], "x", color=colour, markersize=12, mew=3,
+                      label=f"{label} OOM at N={min(failed):,}")
+    axis.axhline(settings.cap_gib, color="gray", linestyle="--", label=f"cap {settings.cap_gib:g} GiB/rank")
+    axis.set_xscale("log")
+    axis.set_xlabel("number of classes N")
+    axis.set_ylabel("memory per rank (GiB)")
+    axis.set_title(f"DDP vs DHP, T={settings.ranks}, batch {settings.batch}, D={settings.dim}")
+    axis.legend(fontsize=8)
+    axis.grid(True, which="both", alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def run(settings: SweepSettings, out: Path, progress=print) -> tuple[dict, str]:
+    points = {mode: sweep(settings, mode, progress) for mode in ("ddp", "dhp")}
+    summary = summarize(settings, points)
+    return summary, write_outputs(settings, points, summary, out)
