@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: install test test-fast demo bench-classifier clean
+.PHONY: install prometheus test test-fast demo bench-classifier clean
 
 $(INSTALLED): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,8 +16,15 @@ $(INSTALLED): pyproject.toml
 
 install: $(INSTALLED)
 
+# Debian's Prometheus server, for the end-to-end scrape test (installed when missing and root).
+prometheus:
+	@command -v prometheus >/dev/null || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; \
+		else echo "install Debian's prometheus package (apt-get install prometheus) for the scrape test"; fi; }
+
 # Every test, the multi-rank (gloo) ones included.
-test: $(INSTALLED)
+test: $(INSTALLED) prometheus
 	$(BIN)/python -m pytest
 
 # Skips the cases marked slow (heavier multi-rank runs).

@@ -7,6 +7,8 @@
     instcls validate-shards DIR
     instcls bench classifier [--num-classes N --batch B --dim D --ranks T --chunk-size C ...]
     instcls bench data [--shards DIR --batch B --threads T --views V ...]
+    instcls bench ddp-vs-dhp --ranks T --cap-gib C [--out DIR ...]
+    instcls plan --num-classes N --ranks T --batch B [--backbone resnet50 --gpu-memory-gib 32 ...]
 """
 
 from __future__ import annotations
@@ -151,6 +153,79 @@ def _run_bench_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_bench_ddp_vs_dhp(subparsers) -> None:
+    from trainer.bench.ddp_vs_dhp import SweepSettings
+
+    d = SweepSettings()
+    parser = subparsers.add_parser(
+        "ddp-vs-dhp", help="largest N, memory and step time of DDP vs DHP under a per-rank memory cap",
+        description="Sweeps N up to the allocation failure for both modes; writes points.csv, table.md (paper "
+        "Table 1), memory.png (paper Figure 3) and summary.json to --out.")
+    parser.add_argument("--ranks", type=int, default=d.ranks)
+    parser.add_argument("--batch", type=int, default=d.batch, help="global batch")
+    parser.add_argument("--dim", type=int, default=d.dim)
+    parser.add_argument("--chunk-size", type=int, default=d.chunk_size)
+    parser.add_argument("--cap-gib", type=float, default=d.cap_gib, help="memory cap per rank (GiB)")
+    parser.add_argument("--start-classes", type=int, default=d.start_classes)
+    parser.add_argument("--growth", type=float, default=d.growth)
+    parser.add_argument("--refine-steps", type=int, default=d.refine_steps, help="bisection steps at the boundary")
+    parser.add_argument("--steps", type=int, default=d.steps, help="timed steps per point")
+    parser.add_argument("--dtype", default=d.dtype, choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--update-in-backward", action="store_true", help="DHP applies SGD inside the backward")
+    parser.add_argument("--backbone", choices=["resnet18", "resnet50"], help="add a real backbone on random images")
+    parser.add_argument("--image-size", type=int, default=d.image_size)
+    parser.add_argument("--classes", type=int, nargs="+", help="measure only these N (no sweep)")
+    parser.add_argument("--out", type=Path, default=Path("out/ddp-vs-dhp"))
+    parser.set_defaults(handler=_run_bench_ddp_vs_dhp)
+
+
+def _run_bench_ddp_vs_dhp(args: argparse.Namespace) -> int:
+    from trainer.bench.ddp_vs_dhp import SweepSettings, run
+
+    settings = SweepSettings(
+        ranks=args.ranks, batch=args.batch, dim=args.dim, chunk_size=args.chunk_size, cap_gib=args.cap_gib,
+        start_classes=args.start_classes, growth=args.growth, refine_steps=args.refine_steps, steps=args.steps,
+        dtype=args.dtype, update_in_backward=args.update_in_backward, backbone=args.backbone,
+        image_size=args.image_size,
+    )
+    _, table = run(settings, args.out, progress=lambda line: print(line, flush=True), classes=args.classes)
+    print(table)
+    print(f"wrote {args.out}/points.csv, table.md, memory.png, summary.json")
+    return 0
+
+
+def _add_plan(commands) -> None:
+    parser = commands.add_parser("plan", help="predict per-GPU memory of a job for DDP and DHP, and the largest N")
+    parser.add_argument("--num-classes", type=int, required=True)
+    parser.add_argument("--ranks", type=int, required=True, help="GPUs (T)")
+    parser.add_argument("--batch", type=int, default=4096, help="global images per step")
+    parser.add_argument("--views", type=int, default=2)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--chunk-size", type=int, default=65536)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--backbone", choices=["resnet18", "resnet34", "resnet50", "resnet101"])
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2, 3])
+    parser.add_argument("--no-momentum", action="store_true", help="plain SGD (no momentum buffers)")
+    parser.add_argument("--update-in-backward", action="store_true", help="DHP: no full gradient of W")
+    parser.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory per GPU (or per rank)")
+    parser.add_argument("--cpu", action="store_true", help="plan CPU ranks (no CUDA context / NCCL buffers)")
+    parser.set_defaults(handler=_run_plan)
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    from trainer.bench.planner import GIB, PlanInput, format_plan
+
+    plan = PlanInput(
+        mode="dhp", num_classes=args.num_classes, ranks=args.ranks, batch=args.batch, dim=args.dim,
+        chunk_size=args.chunk_size, dtype=args.dtype, momentum=not args.no_momentum,
+        update_in_backward=args.update_in_backward, backbone=args.backbone, image_size=args.image_size,
+        views=args.views, zero_stage=args.zero_stage, device="cpu" if args.cpu else "gpu",
+    )
+    print(format_plan(plan, int(args.gpu_memory_gib * GIB)))
+    return 0
+
+
 def _add_config_arguments(parser) -> None:
     parser.add_argument("--config", type=Path, required=True, help="job config YAML (see configs/)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
@@ -237,12 +312,14 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     _add_train(commands)
     _add_eval(commands)
+    _add_plan(commands)
     _add_make_shards(commands)
     _add_validate_shards(commands)
     bench = commands.add_parser("bench", help="benchmarks that print side-by-side ratios")
     benchmarks = bench.add_subparsers(dest="benchmark", required=True)
     _add_bench_classifier(benchmarks)
     _add_bench_data(benchmarks)
+    _add_bench_ddp_vs_dhp(benchmarks)
     return parser
 
 

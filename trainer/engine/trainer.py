@@ -101,6 +101,7 @@ class Trainer:
         self.metrics.shard_classes.set(self.classifier.num_classes_local)
         self.metrics.shard_bytes.set(self.classifier.weight.numel() * self.classifier.weight.element_size())
         self.metrics.steps_per_epoch.set(self.steps_per_epoch)
+        self.metrics.epochs_planned.set(config.optim.epochs)
         if config.logging.metrics_port:
             self.metrics.serve(config.logging.metrics_port + dims.local_rank)
         self.stop_signal = StopSignal(dims.control_group)

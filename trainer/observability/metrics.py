@@ -25,6 +25,7 @@ METRIC_NAMES = (
     "instcls_epoch",
     "instcls_epoch_progress_ratio",
     "instcls_steps_per_epoch",
+    "instcls_epochs_planned",
 )
 
 
@@ -56,6 +57,7 @@ class TrainingMetrics:
         self.epoch = gauge("instcls_epoch", "Current epoch (0-based).")
         self.epoch_progress = gauge("instcls_epoch_progress_ratio", "Fraction of the current epoch done.")
         self.steps_per_epoch = gauge("instcls_steps_per_epoch", "Steps in one epoch on this rank.")
+        self.epochs_planned = gauge("instcls_epochs_planned", "Epochs the job is configured to train (for ETAs).")
 
     def set_memory(self, readings: dict[str, int]) -> None:
         for kind, value in readings.items():

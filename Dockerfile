@@ -1,0 +1,37 @@
+# instcls training image: CUDA-capable through the CUDA libraries that the pinned torch, DALI and
+# NCCL wheels carry (the host needs only the NVIDIA driver and container toolkit); runs CPU-only too.
+# Build from the repository root:  docker build -t instcls:0.1.0 .
+FROM python:3.11-slim-bookworm
+
+# tar: DALI's index writer; g++: DeepSpeed JIT-compiles small ops (e.g. its CPU shared-memory comm).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends tar g++ \
+    && rm -rf /var/lib/apt/lists/*
+
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /opt/instcls
+# Dependencies first (pinned in pyproject.toml), so code edits reuse this layer.
+COPY pyproject.toml README.md ./
+RUN mkdir -p trainer data_pipeline \
+    && touch trainer/__init__.py data_pipeline/__init__.py \
+    && pip install . \
+    && pip uninstall -y instcls
+COPY trainer ./trainer
+COPY data_pipeline ./data_pipeline
+COPY configs ./configs
+COPY ds_configs ./ds_configs
+RUN pip install --no-deps .
+
+RUN useradd --create-home --uid 1000 instcls \
+    && mkdir -p /data /checkpoints \
+    && chown instcls:instcls /data /checkpoints
+USER instcls
+# DeepSpeed's JIT op cache must be writable by the non-root user.
+ENV TORCH_EXTENSIONS_DIR=/home/instcls/.cache/torch_extensions
+
+# `instcls launch ...` is torchrun with Kubernetes-friendly exit codes (see k8s/).
+ENTRYPOINT ["instcls"]
+CMD ["--help"]

@@ -1,0 +1,77 @@
+"""A real Prometheus server scrapes a 2-rank CPU training run and answers queries about it.
+
+Needs Debian's `prometheus` binary; `make test` installs it (apt) when it is missing.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from tests.integration.test_training import FAST, digits_split  # noqa: F401 (session fixture)
+from tests.integration.training_helpers import REPO, train_command
+from trainer.parallel.launch import free_port
+
+
+def query(port: int, promql: str) -> list[dict]:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.load(response)["data"]["result"]
+
+
+@pytest.fixture
+def prometheus_binary():
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.fail("Debian's prometheus binary is missing: run `make test` (it installs it) or "
+                    "`apt-get install prometheus`")
+    return binary
+
+
+def test_prometheus_scrapes_both_ranks_of_a_training_run(digits_split, tmp_path, prometheus_binary):  # noqa: F811
+    metrics_port, prometheus_port = free_port(), free_port()
+    while prometheus_port in (metrics_port, metrics_port + 1):
+        prometheus_port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs:\n"
+        "  - job_name: instcls\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{metrics_port}', '127.0.0.1:{metrics_port + 1}']}}]\n"
+    )
+    server = subprocess.Popen([prometheus_binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                               f"--web.listen-address=127.0.0.1:{prometheus_port}"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    command = train_command(tmp_path / "run", digits_split, 2,
+                            FAST + ["optim.epochs=50", "logging.log_every=1", f"logging.metrics_port={metrics_port}"],
+                            launcher=[sys.executable, "-m", "trainer.cli", "launch"])
+    training = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        deadline, samples, loss = time.time() + 240, [], []
+        while time.time() < deadline:
+            time.sleep(2)
+            try:
+                samples = query(prometheus_port, "instcls_samples_processed_total > 0")
+                loss = query(prometheus_port, "instcls_loss")
+            except OSError:
+                continue  # Prometheus still starting
+            if len({s["metric"]["rank"] for s in samples}) == 2 and loss:
+                break
+        assert sorted(s["metric"]["rank"] for s in samples) == ["0", "1"], samples
+        assert all(float(s["value"][1]) > 0 for s in samples)
+        quantile = query(prometheus_port, "histogram_quantile(0.5, sum by (le) "
+                                          "(rate(instcls_step_duration_seconds_bucket[1m])))")
+        assert quantile and float(quantile[0]["value"][1]) > 0, quantile
+    finally:
+        training.send_signal(signal.SIGTERM)
+        training.wait(timeout=120)
+        server.terminate()
+        server.wait(timeout=30)

@@ -1,0 +1,117 @@
+"""Manifests validate offline, ConfigMaps match the repository files, the dashboard only queries
+metrics the exporter serves, and the image definition is sane."""
+
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from trainer.observability.metrics import METRIC_NAMES
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "k8s"
+KUBERNETES_VERSION = "1.31.0"
+CUSTOM_SCHEMAS = {"PodMonitor": "podmonitor.schema.json", "PyTorchJob": "pytorchjob.schema.json"}
+
+
+def all_documents():
+    for path in sorted(K8S.glob("*.yaml")):
+        for document in yaml.safe_load_all(path.read_text()):
+            if document:
+                yield path.name, document
+
+
+def test_every_manifest_validates():
+    kinds = set()
+    for name, document in all_documents():
+        kind = document["kind"]
+        kinds.add(kind)
+        if kind in CUSTOM_SCHEMAS:
+            schema = json.loads((K8S / "schemas" / CUSTOM_SCHEMAS[kind]).read_text())
+            jsonschema.validate(document, schema)
+            pod_spec = (document["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+                        if kind == "PyTorchJob" else None)
+            if pod_spec:  # the embedded pod template is a built-in kind: validate it as one
+                kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
+                                              "template": pod_spec}, KUBERNETES_VERSION, strict=True)
+        else:
+            kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
+    assert {"Job", "Service", "ConfigMap", "PersistentVolumeClaim", "PodMonitor", "PyTorchJob"} <= kinds
+
+
+def test_validation_catches_a_broken_manifest():
+    _, job = next((n, d) for n, d in all_documents() if d["kind"] == "Job")
+    job["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = "not-a-port"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(job, KUBERNETES_VERSION, strict=True)
+    monitor = next(d for _, d in all_documents() if d["kind"] == "PodMonitor")
+    monitor["spec"]["podMetricsEndpoints"][0]["interval"] = "often"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(monitor, json.loads((K8S / "schemas/podmonitor.schema.json").read_text()))
+
+
+def test_training_pods_have_what_the_job_needs():
+    job = next(d for _, d in all_documents() if d["kind"] == "Job")
+    spec = job["spec"]
+    pod = spec["template"]["spec"]
+    container = pod["containers"][0]
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"]
+    assert pod["subdomain"] == "instcls-train" and pod["terminationGracePeriodSeconds"] >= 300
+    assert "--node-rank=$(JOB_COMPLETION_INDEX)" in container["args"] and "--rdzv-backend=c10d" in container["args"]
+    assert container["command"] == ["instcls", "launch"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+    assert volumes["job-config"]["configMap"]["name"] == "instcls-job"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    monitor = next(d for _, d in all_documents() if d["kind"] == "PodMonitor")
+    scraped = {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
+    assert scraped == {name for name in ports if name.startswith("metrics-")}
+    assert sorted(ports[name] for name in scraped) == list(range(9400, 9408))  # metrics_port + local rank
+
+
+def test_configmaps_embed_the_repository_files_unchanged():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("render", K8S / "render_configmaps.py")
+    render = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render)
+    for name, text in render.rendered().items():
+        assert (K8S / name).read_text() == text, f"k8s/{name} is stale: run python k8s/render_configmaps.py"
+    data = yaml.safe_load((K8S / "configmap-in1k.yaml").read_text())["data"]
+    assert data["job.yaml"] == (ROOT / "configs/in1k_r50_64gpu.yaml").read_text()
+
+
+def dashboard_queries():
+    dashboard = json.loads((K8S / "grafana/instcls-dashboard.json").read_text())
+    queries = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    queries += [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    return dashboard, queries
+
+
+def test_dashboard_queries_only_exported_metrics_and_covers_the_brief():
+    dashboard, queries = dashboard_queries()
+    used = set()
+    for query in queries:
+        for name in re.findall(r"instcls_[a-z_]+", query):
+            used.add(re.sub(r"_(bucket|sum|count)$", "", name) if "step_duration_seconds" in name else name)
+    assert used and used <= set(METRIC_NAMES), used - set(METRIC_NAMES)
+    titles = " ".join(panel["title"].lower() for panel in dashboard["panels"])
+    for topic in ("images/s", "p50", "p95", "data-loader wait", "loss", "learning rate", "memory per rank",
+                  "communication", "epoch progress", "eta"):
+        assert topic in titles, topic
+
+
+def test_dockerfile_builds_from_the_repository_as_a_non_root_user():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^USER (?!root)\w+", dockerfile, re.M)
+    assert 'ENTRYPOINT ["instcls"]' in dockerfile
+    for source in re.findall(r"^COPY (.+) \S+$", dockerfile, re.M):
+        for path in source.split():
+            assert (ROOT / path).exists(), f"Dockerfile copies {path}, which is not in the repository"
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".venv", "out", ".git"} <= set(ignored)

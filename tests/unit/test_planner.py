@@ -1,0 +1,43 @@
+"""The memory planner's arithmetic and its answers to "does it fit?"."""
+
+import pytest
+
+from trainer.bench.planner import GIB, PlanInput, classifier_breakdown, format_plan, largest_classes, predict, total
+
+
+def test_sharding_divides_the_classifier_state_by_the_ranks():
+    ddp = classifier_breakdown(PlanInput(mode="ddp", num_classes=1_000_000, ranks=8, batch=256))
+    dhp = classifier_breakdown(PlanInput(mode="dhp", num_classes=1_000_000, ranks=8, batch=256))
+    assert ddp["classifier weights"] == 1_000_000 * 128 * 4
+    assert dhp["classifier weights"] == 125_000 * 128 * 4
+    assert ddp["classifier momentum"] == ddp["classifier gradients"] == ddp["classifier weights"]
+
+
+def test_update_in_backward_drops_the_gradient():
+    plan = PlanInput(mode="dhp", num_classes=14_197_122, ranks=2, batch=256, device="cpu", update_in_backward=True)
+    assert predict(plan)["classifier gradients"] == 0
+    with pytest.raises(ValueError, match="dhp only"):
+        PlanInput(mode="ddp", num_classes=10, ranks=2, update_in_backward=True)
+
+
+def test_largest_classes_is_the_fitting_boundary():
+    plan = PlanInput(mode="dhp", num_classes=1, ranks=4, batch=256, device="cpu")
+    capacity = 3 * GIB
+    largest = largest_classes(plan, capacity)
+    assert total(plan.__class__(**{**plan.__dict__, "num_classes": largest})) <= capacity
+    assert total(plan.__class__(**{**plan.__dict__, "num_classes": int(largest * 1.01)})) > capacity
+    ddp_largest = largest_classes(plan.__class__(**{**plan.__dict__, "mode": "ddp"}), capacity)
+    assert 3.6 < largest / ddp_largest <= 4.0
+
+
+def test_backbone_terms_follow_zero_partitioning():
+    base = dict(mode="dhp", num_classes=1_281_167, ranks=64, batch=4096, backbone="resnet50", dtype="bfloat16")
+    stage0, stage3 = predict(PlanInput(**base, zero_stage=0)), predict(PlanInput(**base, zero_stage=3))
+    assert stage3["backbone weights"] * 64 == pytest.approx(stage0["backbone weights"], rel=1e-6)
+    assert 70 * 2**20 < predict(PlanInput(**{**base, "dtype": "float32"}))["backbone activations"] / 128 < 95 * 2**20
+
+
+def test_report_says_whether_each_mode_fits():
+    report = format_plan(PlanInput(mode="dhp", num_classes=14_197_122, ranks=2, batch=256, device="cpu"), 12 * GIB)
+    assert "DDP: N=14,197,122" in report and "does NOT fit in 12 GiB" in report
+    assert "DHP: N=14,197,122" in report and "fits in 12 GiB" in report
