@@ -12,16 +12,12 @@ step of it, can be replayed exactly after a restart.
 
 from __future__ import annotations
 
-from pathlib import Path
 
-import numpy as np
-import torch
 from nvidia.dali import fn, pipeline_def, types
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
 from data_pipeline.augment import IMAGENET_MEAN, IMAGENET_STD, AugmentConfig
-from data_pipeline.loader import Batch, FirstSightings, LoaderConfig, epoch_seed, epoch_shard_order, steps_per_epoch
-from data_pipeline.manifest import ShardManifest
+from data_pipeline.loader import EpochLoader, LoaderConfig, epoch_seed, epoch_shard_order
 
 READER_NAME = "Reader"
 _MEAN = [255 * m for m in IMAGENET_MEAN]
@@ -90,29 +86,8 @@ def _eval_pipeline(tar_paths, index_paths, shard_id, num_shards, decode_device, 
     return view, ids, labels
 
 
-class DaliLoader:
+class DaliLoader(EpochLoader):
     """Iterate once per epoch; yields ``Batch`` on ``device``."""
-
-    def __init__(
-        self, shard_dir: Path, config: LoaderConfig, rank: int, world_size: int, device: torch.device, train: bool
-    ) -> None:
-        self.manifest = ShardManifest.load(shard_dir)
-        self.shard_dir = shard_dir
-        self.config = config
-        self.rank, self.world_size = rank, world_size
-        self.device = device
-        self.train = train
-        self.num_instances = self.manifest.num_instances
-        self.epoch = 0
-        self._num_views = len(config.augment.view_specs()) if train else 1
-        self._first_sightings = FirstSightings(self.num_instances)
-        self.steps_per_epoch = steps_per_epoch(self.num_instances, world_size, config.batch_size, config.last_batch)
-
-    def __len__(self) -> int:
-        return self.steps_per_epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def _iterator(self) -> DALIGenericIterator:
         use_gpu = self.device.type == "cuda"
@@ -132,7 +107,8 @@ class DaliLoader:
             seed=epoch_seed(self.config.seed, self.epoch, self.rank),
         )
         pipeline.build()
-        outputs = [f"view{v}" for v in range(self._num_views)] + ["ids"] + ([] if self.train else ["labels"])
+        num_views = len(self.config.augment.view_specs()) if self.train else 1
+        outputs = [f"view{v}" for v in range(num_views)] + ["ids"] + ([] if self.train else ["labels"])
         policy = LastBatchPolicy.FILL if self.config.last_batch == "pad" else LastBatchPolicy.DROP
         return DALIGenericIterator(pipeline, outputs, reader_name=READER_NAME, last_batch_policy=policy)
 
@@ -140,10 +116,9 @@ class DaliLoader:
         self._first_sightings.new_epoch()
         iterator = self._iterator()
         self.epoch += 1
+        num_views = len(self.config.augment.view_specs()) if self.train else 1
         for outputs in iterator:
-            data = outputs[0]
-            ids = data["ids"].view(-1).clone()  # reader outputs stay on the CPU
-            valid = torch.from_numpy(self._first_sightings.mark(ids.numpy()))
-            views = [data[f"view{v}"].to(self.device, copy=True) for v in range(self._num_views)]
-            labels = None if self.train else data["labels"].view(-1).clone().to(self.device)
-            yield Batch(views=views, instance_ids=ids.to(self.device), valid=valid.to(self.device), labels=labels)
+            data = outputs[0]  # buffers DALI reuses: everything handed out is a copy
+            views = [data[f"view{v}"].clone() for v in range(num_views)]
+            labels = None if self.train else data["labels"].view(-1).clone()
+            yield self._batch(views, data["ids"].view(-1).clone(), labels)  # reader outputs stay on the CPU

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import random
-from pathlib import Path
 
 import torch
 import webdataset as wds
@@ -19,8 +18,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torchvision.transforms import v2
 
 from data_pipeline.augment import IMAGENET_MEAN, IMAGENET_STD, AugmentConfig
-from data_pipeline.loader import Batch, FirstSightings, LoaderConfig, epoch_seed, epoch_shard_order, rank_range, steps_per_epoch
-from data_pipeline.manifest import ShardManifest
+from data_pipeline.loader import Batch, EpochLoader, LoaderConfig, epoch_seed, epoch_shard_order, rank_range
 from data_pipeline.shards import decode_int64
 
 
@@ -90,28 +88,8 @@ class _RankSamples(IterableDataset):
         return iter(pipeline)
 
 
-class TorchLoader:
+class TorchLoader(EpochLoader):
     """Iterate once per epoch; yields ``Batch`` on ``device`` (same contract as ``DaliLoader``)."""
-
-    def __init__(
-        self, shard_dir: Path, config: LoaderConfig, rank: int, world_size: int, device: torch.device, train: bool
-    ) -> None:
-        self.manifest = ShardManifest.load(shard_dir)
-        self.shard_dir = shard_dir
-        self.config = config
-        self.rank, self.world_size = rank, world_size
-        self.device = device
-        self.train = train
-        self.num_instances = self.manifest.num_instances
-        self.steps_per_epoch = steps_per_epoch(self.num_instances, world_size, config.batch_size, config.last_batch)
-        self.epoch = 0
-        self._first_sightings = FirstSightings(self.num_instances)
-
-    def __len__(self) -> int:
-        return self.steps_per_epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def _epoch_dataset(self) -> _RankSamples:
         shards = self.manifest.shards
@@ -151,8 +129,7 @@ class TorchLoader:
 
     def _collate(self, chunk) -> Batch:
         num_views = len(chunk[0][0])
-        views = [torch.stack([sample[0][v] for sample in chunk]).to(self.device) for v in range(num_views)]
+        views = [torch.stack([sample[0][v] for sample in chunk]) for v in range(num_views)]
         ids = torch.tensor([sample[1] for sample in chunk], dtype=torch.int64)
-        valid = torch.from_numpy(self._first_sightings.mark(ids.numpy()))
-        labels = None if self.train else torch.tensor([sample[2] for sample in chunk], dtype=torch.int64).to(self.device)
-        return Batch(views=views, instance_ids=ids.to(self.device), valid=valid.to(self.device), labels=labels)
+        labels = None if self.train else torch.tensor([sample[2] for sample in chunk], dtype=torch.int64)
+        return self._batch(views, ids, labels)

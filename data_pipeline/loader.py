@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from data_pipeline.augment import AugmentConfig
+from data_pipeline.manifest import ShardManifest
 
 LOADER_BACKENDS = ("dali", "torch")
 LAST_BATCH_POLICIES = ("pad", "drop")
@@ -119,6 +120,42 @@ class FirstSightings:
         valid &= ~self._seen[ids]
         self._seen[ids] = True
         return valid
+
+
+class EpochLoader:
+    """What both loaders share: the manifest, the epoch counter, steps per epoch, and turning a
+    rank's samples into a ``Batch`` with its ``valid`` marks.  Iterating runs epoch ``self.epoch``
+    and moves on to the next one."""
+
+    def __init__(
+        self, shard_dir: Path, config: LoaderConfig, rank: int, world_size: int, device: torch.device, train: bool
+    ) -> None:
+        self.manifest = ShardManifest.load(shard_dir)
+        self.shard_dir = shard_dir
+        self.config = config
+        self.rank, self.world_size = rank, world_size
+        self.device = device
+        self.train = train
+        self.num_instances = self.manifest.num_instances
+        self.epoch = 0
+        self.steps_per_epoch = steps_per_epoch(self.num_instances, world_size, config.batch_size, config.last_batch)
+        self._first_sightings = FirstSightings(self.num_instances)
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _batch(self, views: list[torch.Tensor], ids: torch.Tensor, labels: torch.Tensor | None) -> Batch:
+        """``views`` must be tensors this loader owns (DALI's buffers are reused: copy first)."""
+        valid = torch.from_numpy(self._first_sightings.mark(ids.numpy()))
+        return Batch(
+            views=[view.to(self.device) for view in views],
+            instance_ids=ids.to(self.device),
+            valid=valid.to(self.device),
+            labels=None if labels is None else labels.to(self.device),
+        )
 
 
 def build_loader(shard_dir: Path, config: LoaderConfig, rank: int, world_size: int, device: torch.device, train: bool):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import tempfile
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trainer.bench.memory_cap import apply_memory_cap, is_out_of_memory
