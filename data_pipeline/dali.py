@@ -12,7 +12,6 @@ step of it, can be replayed exactly after a restart.
 
 from __future__ import annotations
 
-
 from nvidia.dali import fn, pipeline_def, types
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
@@ -107,8 +106,7 @@ class DaliLoader(EpochLoader):
             seed=epoch_seed(self.config.seed, self.epoch, self.rank),
         )
         pipeline.build()
-        num_views = len(self.config.augment.view_specs()) if self.train else 1
-        outputs = [f"view{v}" for v in range(num_views)] + ["ids"] + ([] if self.train else ["labels"])
+        outputs = [f"view{v}" for v in range(self.num_views)] + ["ids"] + ([] if self.train else ["labels"])
         policy = LastBatchPolicy.FILL if self.config.last_batch == "pad" else LastBatchPolicy.DROP
         return DALIGenericIterator(pipeline, outputs, reader_name=READER_NAME, last_batch_policy=policy)
 
@@ -116,9 +114,8 @@ class DaliLoader(EpochLoader):
         self._first_sightings.new_epoch()
         iterator = self._iterator()
         self.epoch += 1
-        num_views = len(self.config.augment.view_specs()) if self.train else 1
         for outputs in iterator:
             data = outputs[0]  # buffers DALI reuses: everything handed out is a copy
-            views = [data[f"view{v}"].clone() for v in range(num_views)]
+            views = [data[f"view{v}"].clone() for v in range(self.num_views)]
             labels = None if self.train else data["labels"].view(-1).clone()
             yield self._batch(views, data["ids"].view(-1).clone(), labels)  # reader outputs stay on the CPU

@@ -9,6 +9,7 @@ pixels, the window DALI derives from the largest sigma.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
@@ -115,21 +116,17 @@ class TorchLoader(EpochLoader):
         self.epoch += 1
         samples = iter(loader)
         batch_size = self.config.batch_size
-        produced: list = []
+        previous: list = []  # the last batch: padding repeats come from it, never from the whole epoch
         for _ in range(self.steps_per_epoch):
-            chunk = []
-            for sample in samples:
-                chunk.append(sample)
-                produced.append(sample)
-                if len(chunk) == batch_size:
-                    break
-            while len(chunk) < batch_size:  # "pad": repeat samples of this rank's epoch
-                chunk.append(produced[len(chunk) % len(produced)])
+            chunk = list(itertools.islice(samples, batch_size))
+            pool = list(chunk) or previous
+            while len(chunk) < batch_size:  # "pad": repeat samples this rank already read this epoch
+                chunk.append(pool[len(chunk) % len(pool)])
+            previous = chunk
             yield self._collate(chunk)
 
     def _collate(self, chunk) -> Batch:
-        num_views = len(chunk[0][0])
-        views = [torch.stack([sample[0][v] for sample in chunk]) for v in range(num_views)]
+        views = [torch.stack([sample[0][v] for sample in chunk]) for v in range(self.num_views)]
         ids = torch.tensor([sample[1] for sample in chunk], dtype=torch.int64)
         labels = None if self.train else torch.tensor([sample[2] for sample in chunk], dtype=torch.int64)
         return self._batch(views, ids, labels)

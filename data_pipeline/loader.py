@@ -144,6 +144,11 @@ class EpochLoader:
     def __len__(self) -> int:
         return self.steps_per_epoch
 
+    @property
+    def num_views(self) -> int:
+        """Views per sample: every global and small crop when training, one when evaluating."""
+        return len(self.config.augment.view_specs()) if self.train else 1
+
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 

@@ -277,7 +277,7 @@ def _run_eval(args: argparse.Namespace) -> int:
 
     from trainer.config import load_job_config
     from trainer.engine.checkpoint import resolve_resume
-    from trainer.evaluation.features import extract_features
+    from trainer.evaluation.features import bank_and_queries
     from trainer.evaluation.knn import knn_accuracy
     from trainer.evaluation.linear import linear_probe_accuracy
     from trainer.models import build_model
@@ -293,9 +293,7 @@ def _run_eval(args: argparse.Namespace) -> int:
     model = build_model(config.model)
     model.load_state_dict(torch.load(checkpoint / "model.pt", map_location="cpu", weights_only=True))
     model.to(dims.device)
-    bank, bank_labels = extract_features(model, config.data.knn_bank_shards or config.data.train_shards,
-                                         config.data.loader, dims)
-    queries, query_labels = extract_features(model, config.data.eval_shards, config.data.loader, dims)
+    bank, bank_labels, queries, query_labels = bank_and_queries(model, config.data, dims)
     if args.protocol == "knn":
         accuracy = knn_accuracy(bank, bank_labels, queries, query_labels, config.eval.knn_k, config.eval.knn_temperature)
         label = f"kNN (k={config.eval.knn_k}, cosine)"

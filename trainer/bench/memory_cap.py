@@ -13,7 +13,7 @@ import resource
 
 import torch
 
-from trainer.observability.memory import _status_field_bytes
+from trainer.observability.memory import status_field_bytes
 
 
 def apply_memory_cap(device: torch.device, cap_bytes: int) -> None:
@@ -23,7 +23,7 @@ def apply_memory_cap(device: torch.device, cap_bytes: int) -> None:
         torch.cuda.set_per_process_memory_fraction(min(1.0, (already + cap_bytes) / total), device)
         return
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    limit = _status_field_bytes("VmSize") + cap_bytes
+    limit = status_field_bytes("VmSize") + cap_bytes
     if hard != resource.RLIM_INFINITY:
         limit = min(limit, hard)
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))

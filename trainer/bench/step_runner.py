@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from statistics import fmean
 
 import torch
 import torch.distributed as dist
@@ -96,9 +97,8 @@ def run_steps(spec: StepSpec, dims: ParallelDims) -> StepStats:
             step_times.append(time.perf_counter() - start)
             comm_times.append(classifier.comm_timer.drain())
             sync_times.append(sync_s)
-    mean = lambda values: sum(values) / len(values)  # noqa: E731
     return StepStats(
-        step_s=mean(step_times), comm_s=mean(comm_times), weight_grad_sync_s=mean(sync_times),
+        step_s=fmean(step_times), comm_s=fmean(comm_times), weight_grad_sync_s=fmean(sync_times),
         num_classes_local=classifier.num_classes_local,
         rows_scored=spec.batch if spec.mode == "dhp" else local_batch,
     )

@@ -31,7 +31,7 @@ from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, lo
 from trainer.engine.preemption import NonFiniteWatch, StopSignal
 from trainer.engine.prior import contrastive_prior
 from trainer.engine.schedule import LRSchedule, scaled_lr, set_lr
-from trainer.evaluation.features import extract_features
+from trainer.evaluation.features import bank_and_queries
 from trainer.evaluation.knn import knn_accuracy
 from trainer.launcher import mark_clean_stop
 from trainer.models import build_model
@@ -282,14 +282,12 @@ class Trainer:
         data, ev = self.config.data, self.config.eval
         if data.eval_shards is None:
             return None
-        bank_shards = data.knn_bank_shards or data.train_shards
         trained = plain_model_from_engine(self.engine, build_model(self.config.model)).to(self.dims.device)
         reseed(self.config.seed, 0, 0)
         random_init = build_model(self.config.model).to(self.dims.device)
         results = {}
         for name, model in (("trained", trained), ("random_init", random_init)):
-            bank, bank_labels = extract_features(model, bank_shards, data.loader, self.dims)
-            queries, query_labels = extract_features(model, data.eval_shards, data.loader, self.dims)
+            bank, bank_labels, queries, query_labels = bank_and_queries(model, data, self.dims)
             results[name] = knn_accuracy(bank, bank_labels, queries, query_labels, ev.knn_k, ev.knn_temperature)
         self.log.write(event="knn", **results)
         if self.dims.rank == 0:

@@ -31,3 +31,12 @@ def extract_features(
         ids.append(gather_rows(batch.instance_ids, group).cpu()[valid])
     order = torch.cat(ids).argsort()
     return torch.cat(features)[order], torch.cat(labels)[order]
+
+
+def bank_and_queries(model: InstanceModel, data, dims: ParallelDims):
+    """``(bank, bank_labels, queries, query_labels)`` for frozen-feature evaluation of ``data`` (a
+    ``DataSection``): the bank is ``knn_bank_shards`` (default: the training shards), the queries
+    the held-out ``eval_shards``."""
+    bank, bank_labels = extract_features(model, data.knn_bank_shards or data.train_shards, data.loader, dims)
+    queries, query_labels = extract_features(model, data.eval_shards, data.loader, dims)
+    return bank, bank_labels, queries, query_labels

@@ -12,15 +12,15 @@ import torch
 
 def current_rss_bytes() -> int:
     """Resident set size of this process now."""
-    return _status_field_bytes("VmRSS")
+    return status_field_bytes("VmRSS")
 
 
 def peak_rss_bytes() -> int:
     """Largest resident set size since the process started or since ``reset_peak``."""
-    return _status_field_bytes("VmHWM")
+    return status_field_bytes("VmHWM")
 
 
-def _status_field_bytes(name: str) -> int:
+def status_field_bytes(name: str) -> int:
     with open("/proc/self/status") as status:
         for line in status:
             if line.startswith(name + ":"):
