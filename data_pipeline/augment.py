@@ -4,12 +4,17 @@ Per view: random resized crop (area scale 0.2-1, aspect 3/4-4/3) -> horizontal f
 colour jitter (brightness, contrast, saturation 0.4, hue 0.1) with p=0.8 -> grayscale p=0.2 ->
 Gaussian blur (sigma 0.1-2) with p=0.5 -> normalise with the ImageNet mean/std, CHW float32.
 Multi-crop adds ``small_crops`` views of ``small_size`` pixels cut from ``small_scale`` of the area.
+
+Both loaders apply it from parameters drawn in Python (``data_pipeline.view_params``); colour
+jitter and grayscale form one affine colour map (``data_pipeline.colour`` gives its exact
+semantics), and the blur kernel of a sigma spans ``2*ceil(3*sigma)+1`` pixels (DALI's default).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+CROP_ASPECT = (3 / 4, 4 / 3)  # aspect-ratio range of every random resized crop
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 

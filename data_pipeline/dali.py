@@ -1,121 +1,130 @@
-"""DALI pipelines over the WebDataset shards: nvJPEG decode on the GPU when CUDA is present
-(``device="mixed"``), a CPU-only pipeline (``device_id=None``) otherwise.  One code path; the
-device is chosen when the pipeline is built.
+"""The DALI loader: encoded images and augmentation parameters come from Python through
+``fn.external_source``; DALI decodes (nvJPEG, ``device="mixed"``, when CUDA is present; the CPU
+decoder with ``device_id=None`` otherwise) and does all pixel work.
 
-DALI facts this module relies on: the reader needs the index files and a ``name`` that the
-iterator refers to (without it an epoch never ends); ``pad_last_batch`` repeats samples so every
-shard yields the same number of batches; the iterator reuses its output buffers, so everything
-handed out is copied first; outputs are deterministic for a given seed.  The pipeline is built per
-epoch with that epoch's shard order and seeds (see ``data_pipeline.loader``), so any epoch, and any
-step of it, can be replayed exactly after a restart.
+Every random choice arrives as a per-sample argument input (crop box -> ``fn.resize`` ROI, colour
+map -> ``fn.coord_transform``, blur flag, sigma and window -> a DALI conditional around
+``fn.gaussian_blur``, flip -> ``crop_mirror_normalize(mirror=...)``); the pipeline has no random
+operator, so its output is a pure function of the step and any step can be produced first.
+
+A pipeline is built per ``epoch_batches`` call: its source maps DALI's iteration i to step
+``steps[i]`` and raises ``StopIteration`` past the end (also for DALI's look-ahead calls).
+DALI returns batches in the order it asked for them, so the step metadata waits in a FIFO.  The
+iterator reuses its output buffers, so everything handed out is copied first.
 """
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Iterator
+
+import torch
 from nvidia.dali import fn, pipeline_def, types
-from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
 from data_pipeline.augment import IMAGENET_MEAN, IMAGENET_STD, AugmentConfig
-from data_pipeline.loader import EpochLoader, LoaderConfig, epoch_seed, epoch_shard_order
+from data_pipeline.batch import Batch
+from data_pipeline.indexed_loader import IndexedLoader
+from data_pipeline.step_inputs import StepReader, StepSamples
 
-READER_NAME = "Reader"
 _MEAN = [255 * m for m in IMAGENET_MEAN]
 _STD = [255 * s for s in IMAGENET_STD]
+# Per view: ROI start (y, x), ROI end (y, x), colour map [M | t], blur flag, sigma, window, mirror flag.
+_VIEW_TYPES = [types.FLOAT, types.FLOAT, types.FLOAT, types.BOOL, types.FLOAT, types.INT32, types.INT32]
+_VIEW_NDIMS = [1, 1, 2, 0, 0, 0, 0]
 
 
-def _coin(probability: float):
-    return fn.random.coin_flip(probability=probability, dtype=types.BOOL)
+class _StepSource:
+    """DALI's batch source: iteration i -> the encoded images and view parameters of ``steps[i]``."""
+
+    def __init__(self, reader: StepReader, epoch: int, steps: range) -> None:
+        self.reader, self.epoch, self.steps = reader, epoch, steps
+        self.pending: deque[StepSamples] = deque()  # steps handed to DALI, not yet out of it
+
+    def __call__(self, iteration: int) -> list:
+        if iteration >= len(self.steps):
+            raise StopIteration
+        inputs = self.reader.read(self.epoch, self.steps[iteration])
+        self.pending.append(inputs.samples)
+        outputs = [inputs.jpegs]
+        for view in inputs.views:
+            top_left, height_width = view.crop[:, :2], view.crop[:, 2:]
+            outputs += [top_left.astype("float32"), (top_left + height_width).astype("float32"), view.colour,
+                        view.blur, view.sigma, view.window, view.flip.astype("int32")]
+        return outputs
 
 
-def _augmented_view(images, size: int, area: tuple[float, float], augment: AugmentConfig):
-    """One SimCLR view (see ``data_pipeline.augment``); ``if`` runs as a DALI conditional."""
-    images = fn.random_resized_crop(images, size=[size, size], random_area=list(area), random_aspect_ratio=[3 / 4, 4 / 3])
-    brightness, contrast, saturation, hue = augment.jitter
-    if _coin(augment.jitter_prob):
-        images = fn.color_twist(
-            images,
-            brightness=fn.random.uniform(range=[1 - brightness, 1 + brightness]),
-            contrast=fn.random.uniform(range=[1 - contrast, 1 + contrast]),
-            saturation=fn.random.uniform(range=[1 - saturation, 1 + saturation]),
-            hue=fn.random.uniform(range=[-360 * hue, 360 * hue]),  # DALI's hue is in degrees
-        )
-    if _coin(augment.grayscale_prob):
-        images = fn.color_twist(images, saturation=0.0)  # zero chroma: the luma (grayscale) image
-    if _coin(augment.blur_prob):
-        images = fn.gaussian_blur(images, sigma=fn.random.uniform(range=list(augment.blur_sigma)))
-    return fn.crop_mirror_normalize(
-        images, dtype=types.FLOAT, output_layout="CHW", mean=_MEAN, std=_STD,
-        mirror=fn.random.coin_flip(probability=augment.flip_prob),
-    )
-
-
-def _read(tar_paths, index_paths, shard_id, num_shards, shuffle: bool, config: LoaderConfig):
-    return fn.readers.webdataset(
-        paths=tar_paths,
-        index_paths=index_paths,
-        ext=["jpg", "id", "cls"],
-        dtypes=[types.UINT8, types.INT64, types.INT64],
-        shard_id=shard_id,
-        num_shards=num_shards,
-        random_shuffle=shuffle,
-        initial_fill=config.shuffle_buffer,
-        pad_last_batch=True,
-        missing_component_behavior="error",
-        name=READER_NAME,
-    )
+def _view(images, size: int, roi_start, roi_end, colour, blur, sigma, window, mirror):
+    images = fn.resize(images, size=[size, size], roi_start=roi_start, roi_end=roi_end)
+    images = fn.coord_transform(images, MT=colour, dtype=types.UINT8)  # rounds and saturates, like the fallback
+    if blur:
+        images = fn.gaussian_blur(images, sigma=sigma, window_size=window)
+    return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=_MEAN, std=_STD,
+                                    mirror=mirror)
 
 
 @pipeline_def(enable_conditionals=True)
-def _train_pipeline(tar_paths, index_paths, shard_id, num_shards, decode_device, config: LoaderConfig):
-    jpegs, ids, _ = _read(tar_paths, index_paths, shard_id, num_shards, True, config)
+def _train_pipeline(source: _StepSource, decode_device: str, augment: AugmentConfig):
+    specs = augment.view_specs()
+    jpegs, *params = fn.external_source(
+        source=source, num_outputs=1 + len(_VIEW_TYPES) * len(specs), batch=True,
+        dtype=[types.UINT8] + _VIEW_TYPES * len(specs), ndim=[1] + _VIEW_NDIMS * len(specs),
+    )
     images = fn.decoders.image(jpegs, device=decode_device, output_type=types.RGB)
-    views = [_augmented_view(images, size, area, config.augment) for size, area in config.augment.view_specs()]
-    return (*views, ids)
+    per_view = len(_VIEW_TYPES)
+    return tuple(_view(images, size, *params[v * per_view:(v + 1) * per_view])
+                 for v, (size, _) in enumerate(specs))
 
 
 @pipeline_def
-def _eval_pipeline(tar_paths, index_paths, shard_id, num_shards, decode_device, config: LoaderConfig):
-    jpegs, ids, labels = _read(tar_paths, index_paths, shard_id, num_shards, False, config)
+def _eval_pipeline(source: _StepSource, decode_device: str, augment: AugmentConfig):
+    jpegs = fn.external_source(source=source, num_outputs=1, batch=True, dtype=[types.UINT8], ndim=[1])[0]
     images = fn.decoders.image(jpegs, device=decode_device, output_type=types.RGB)
-    size = config.augment.image_size
-    images = fn.resize(images, resize_shorter=round(size * config.augment.eval_resize))
-    view = fn.crop_mirror_normalize(
-        images, dtype=types.FLOAT, output_layout="CHW", crop=[size, size], mean=_MEAN, std=_STD
-    )
-    return view, ids, labels
+    size = augment.image_size
+    images = fn.resize(images, resize_shorter=round(size * augment.eval_resize))
+    return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", crop=[size, size], mean=_MEAN,
+                                    std=_STD)
 
 
-class DaliLoader(EpochLoader):
-    """Iterate once per epoch; yields ``Batch`` on ``device``."""
+class DaliLoader(IndexedLoader):
+    """See ``data_pipeline.loader.build_loader``; Python reads files with ``num_threads`` threads."""
 
-    def _iterator(self) -> DALIGenericIterator:
+    def _batches(self, epoch: int, steps: range) -> Iterator[Batch]:
         use_gpu = self.device.type == "cuda"
-        order = epoch_shard_order(len(self.manifest.shards), self.config.seed, self.epoch, shuffle=self.train)
-        tars, indexes = self.manifest.tar_paths(self.shard_dir), self.manifest.index_paths(self.shard_dir)
+        device_id = None  # DALI's CPU-only mode
+        if use_gpu:
+            device_id = torch.cuda.current_device() if self.device.index is None else self.device.index
+        source = _StepSource(self.reader, epoch, steps)
         build = _train_pipeline if self.train else _eval_pipeline
         pipeline = build(
-            tar_paths=[tars[i] for i in order],
-            index_paths=[indexes[i] for i in order],
-            shard_id=self.rank,
-            num_shards=self.world_size,
-            decode_device="mixed" if use_gpu else "cpu",
-            config=self.config,
-            batch_size=self.config.batch_size,
-            num_threads=self.config.num_threads,
-            device_id=self.device.index if use_gpu else None,
-            seed=epoch_seed(self.config.seed, self.epoch, self.rank),
+            source=source, decode_device="mixed" if use_gpu else "cpu", augment=self.config.augment,
+            batch_size=self.config.batch_size, num_threads=self.config.num_threads,
+            device_id=device_id,
         )
         pipeline.build()
-        outputs = [f"view{v}" for v in range(self.num_views)] + ["ids"] + ([] if self.train else ["labels"])
-        policy = LastBatchPolicy.FILL if self.config.last_batch == "pad" else LastBatchPolicy.DROP
-        return DALIGenericIterator(pipeline, outputs, reader_name=READER_NAME, last_batch_policy=policy)
+        names = [f"view{v}" for v in range(len(self.view_kinds))]
+        outputs = iter(DALIGenericIterator(pipeline, names, auto_reset=False))
+        while True:
+            try:
+                data = next(outputs)[0]
+            except StopIteration:
+                return
+            except RuntimeError as error:  # a DALI operator failed on the next step's batch
+                if not source.pending:
+                    raise
+                raise self._explain(epoch, source, error) from error
+            views = [data[name].clone() for name in names]  # DALI reuses these buffers
+            yield self._batch(views, source.pending.popleft())
 
-    def __iter__(self):
-        self._first_sightings.new_epoch()
-        iterator = self._iterator()
-        self.epoch += 1
-        for outputs in iterator:
-            data = outputs[0]  # buffers DALI reuses: everything handed out is a copy
-            views = [data[f"view{v}"].clone() for v in range(self.num_views)]
-            labels = None if self.train else data["labels"].view(-1).clone()
-            yield self._batch(views, data["ids"].view(-1).clone(), labels)  # reader outputs stay on the CPU
+    def _explain(self, epoch: int, source: _StepSource, error: RuntimeError) -> RuntimeError:
+        samples = source.pending[0]
+        culprit = self.reader.undecodable(samples) or "no sample of it fails to decode with PIL"
+        return RuntimeError(f"DALI failed on epoch {epoch} step {samples.step}: {culprit}; DALI said: "
+                            f"{_dali_reason(error)}")
+
+
+def _dali_reason(error: RuntimeError) -> str:
+    """The operator's own message from DALI's multi-line error (after its pipeline traceback)."""
+    text = str(error)
+    lines = [line.strip() for line in text.split("encountered:", 1)[-1].splitlines() if line.strip()]
+    return lines[0] if lines else text

@@ -1,132 +1,99 @@
-"""The fallback loader: webdataset + torchvision.transforms.v2 in DataLoader worker processes.
+"""The fallback loader: PIL decode and torchvision.transforms.v2 functional ops in DataLoader
+worker processes; selectable with ``data.backend: torch`` and the baseline of ``instcls bench data``.
 
-Same epoch semantics as the DALI loader (see ``data_pipeline.loader``) and the same augmentation
-recipe; it is selectable with ``data.backend: torch`` and is the baseline of ``instcls bench data``.
-Differences from DALI that do not change the recipe: colour-jitter steps run in a random order
-(torchvision) instead of a fixed one, and the blur kernel is fixed at ``2*ceil(3*sigma_max)+1``
-pixels, the window DALI derives from the largest sigma.
+It is a map-style dataset over steps: item i is the whole batch of step ``steps[i]`` of this rank,
+so workers prepare whole steps ahead in order, and starting at step k costs nothing.  It applies
+the parameters of ``data_pipeline.view_params`` with the same operations as the DALI graph: crop
+box resized with antialiased bilinear filtering, the affine colour map rounded and saturated to
+uint8, the Gaussian blur with the drawn sigma and kernel window, flip, normalisation.  What
+still differs is the decoders' and resamplers' arithmetic: under one grey level on average, a few
+at sharp edges (``tests/integration/test_loaders.py`` holds both backends to that).
 """
 
 from __future__ import annotations
 
-import itertools
-import math
-import random
+import io
+from collections.abc import Iterator
 
+import numpy as np
 import torch
-import webdataset as wds
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
-from torchvision.transforms import v2
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+from torchvision.transforms.v2 import functional as F
 
 from data_pipeline.augment import IMAGENET_MEAN, IMAGENET_STD, AugmentConfig
-from data_pipeline.loader import Batch, EpochLoader, LoaderConfig, epoch_seed, epoch_shard_order, rank_range
-from data_pipeline.shards import decode_int64
+from data_pipeline.batch import Batch
+from data_pipeline.indexed_loader import IndexedLoader
+from data_pipeline.sample_table import RECREATE
+from data_pipeline.step_inputs import StepReader, StepSamples
+from data_pipeline.view_params import ViewParams
 
 
-def view_transform(size: int, area: tuple[float, float], augment: AugmentConfig) -> v2.Transform:
-    brightness, contrast, saturation, hue = augment.jitter
-    blur_kernel = 2 * math.ceil(3 * augment.blur_sigma[1]) + 1
-    return v2.Compose(
-        [
-            v2.RandomResizedCrop(size, scale=area, ratio=(3 / 4, 4 / 3), antialias=True),
-            v2.RandomHorizontalFlip(p=augment.flip_prob),
-            v2.RandomApply([v2.ColorJitter(brightness, contrast, saturation, hue)], p=augment.jitter_prob),
-            v2.RandomGrayscale(p=augment.grayscale_prob),
-            v2.RandomApply([v2.GaussianBlur(blur_kernel, sigma=augment.blur_sigma)], p=augment.blur_prob),
-            v2.ToDtype(torch.float32, scale=True),
-            v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-        ]
-    )
+def decode_rgb(data: np.ndarray, where: str) -> torch.Tensor:
+    """uint8 ``[3, H, W]``; ``where`` names the sample in the error."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            rgb = image.convert("RGB")
+    except Exception as error:  # PIL raises many types for bad data
+        raise ValueError(f"{where}: .jpg does not decode ({type(error).__name__}: {error}); {RECREATE}") from error
+    return F.pil_to_tensor(rgb)
 
 
-def eval_transform(augment: AugmentConfig) -> v2.Transform:
-    size = augment.image_size
-    return v2.Compose(
-        [
-            v2.Resize(round(size * augment.eval_resize), antialias=True),
-            v2.CenterCrop(size),
-            v2.ToDtype(torch.float32, scale=True),
-            v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-        ]
-    )
+def recolour(image: torch.Tensor, colour: np.ndarray) -> torch.Tensor:
+    """Apply an affine colour map ``[M | t]`` to a uint8 image, rounding and saturating like DALI."""
+    affine = torch.from_numpy(colour)
+    out = torch.einsum("ij,jhw->ihw", affine[:, :3], image.float()) + affine[:, 3, None, None]
+    return out.round_().clamp_(0, 255).to(torch.uint8)
 
 
-class _RankSamples(IterableDataset):
-    """This rank's contiguous range of the epoch's sample sequence, dealt round-robin to workers."""
-
-    def __init__(self, urls: list[str], skip: int, take: int, config: LoaderConfig, train: bool, seed: int) -> None:
-        self.urls, self.skip, self.take = urls, skip, take
-        self.shuffle_buffer = config.shuffle_buffer if train else 1
-        self.seed = seed
-        if train:
-            self.transforms = [view_transform(size, area, config.augment) for size, area in config.augment.view_specs()]
-        else:
-            self.transforms = [eval_transform(config.augment)]
-
-    def _mine(self, samples):
-        worker = get_worker_info()
-        num_workers, worker_id = (worker.num_workers, worker.id) if worker else (1, 0)
-        for position, sample in enumerate(samples):
-            if position % num_workers == worker_id:
-                yield sample
-
-    def _to_views(self, sample):
-        image = v2.functional.to_image(sample["jpg"])
-        return [t(image) for t in self.transforms], decode_int64(sample["id"]), decode_int64(sample["cls"])
-
-    def __iter__(self):
-        worker = get_worker_info()
-        rng = random.Random(self.seed * 100 + (worker.id if worker else 0))  # the in-stream shuffle
-        pipeline = wds.DataPipeline(
-            wds.SimpleShardList(self.urls),
-            wds.tarfile_to_samples(),
-            wds.slice(self.skip, self.skip + self.take),
-            self._mine,
-            wds.shuffle(self.shuffle_buffer, initial=min(self.shuffle_buffer, 100), rng=rng),
-            wds.decode("pil", only=["jpg"]),
-            wds.map(self._to_views),
-        )
-        return iter(pipeline)
+def normalise(image: torch.Tensor) -> torch.Tensor:
+    return F.normalize(F.to_dtype(image, torch.float32, scale=True), IMAGENET_MEAN, IMAGENET_STD)
 
 
-class TorchLoader(EpochLoader):
-    """Iterate once per epoch; yields ``Batch`` on ``device`` (same contract as ``DaliLoader``)."""
+def augmented_view(image: torch.Tensor, view: ViewParams, index: int) -> torch.Tensor:
+    """Sample ``index``'s view ``view`` of a decoded uint8 image, float32 ``[3, size, size]``."""
+    top, left, height, width = view.crop[index].tolist()
+    out = F.resized_crop(image, top, left, height, width, [view.size, view.size], antialias=True)
+    out = recolour(out, view.colour[index])
+    if view.blur[index]:
+        sigma, window = float(view.sigma[index]), int(view.window[index])
+        out = F.gaussian_blur(out, [window, window], [sigma, sigma])
+    if view.flip[index]:
+        out = F.horizontal_flip(out)
+    return normalise(out)
 
-    def _epoch_dataset(self) -> _RankSamples:
-        shards = self.manifest.shards
-        order = epoch_shard_order(len(shards), self.config.seed, self.epoch, shuffle=self.train)
-        start, end = rank_range(self.num_instances, self.rank, self.world_size)
-        urls, skip, position = [], 0, 0
-        for index in order:
-            shard = shards[index]
-            if position + shard.count > start and position < end:
-                if not urls:
-                    skip = start - position
-                urls.append(str(self.shard_dir / shard.tar))
-            position += shard.count
-        return _RankSamples(urls, skip, end - start, self.config, self.train, epoch_seed(self.config.seed, self.epoch, self.rank))
 
-    def __iter__(self):
-        self._first_sightings.new_epoch()
-        dataset = self._epoch_dataset()
-        # Worker RNGs (the torchvision transforms) are seeded from this generator: reproducible epochs.
-        generator = torch.Generator().manual_seed(epoch_seed(self.config.seed, self.epoch, self.rank))
-        loader = DataLoader(dataset, batch_size=None, num_workers=self.config.num_threads, prefetch_factor=4,
-                            generator=generator)
-        self.epoch += 1
-        samples = iter(loader)
-        batch_size = self.config.batch_size
-        previous: list = []  # the last batch: padding repeats come from it, never from the whole epoch
-        for _ in range(self.steps_per_epoch):
-            chunk = list(itertools.islice(samples, batch_size))
-            pool = list(chunk) or previous
-            while len(chunk) < batch_size:  # "pad": repeat samples this rank already read this epoch
-                chunk.append(pool[len(chunk) % len(pool)])
-            previous = chunk
-            yield self._collate(chunk)
+def eval_view(image: torch.Tensor, augment: AugmentConfig) -> torch.Tensor:
+    """The inference view: shorter side to ``image_size * eval_resize``, centre crop ``image_size``."""
+    out = F.resize(image, [round(augment.image_size * augment.eval_resize)], antialias=True)
+    return normalise(F.center_crop(out, [augment.image_size, augment.image_size]))
 
-    def _collate(self, chunk) -> Batch:
-        views = [torch.stack([sample[0][v] for sample in chunk]) for v in range(self.num_views)]
-        ids = torch.tensor([sample[1] for sample in chunk], dtype=torch.int64)
-        labels = None if self.train else torch.tensor([sample[2] for sample in chunk], dtype=torch.int64)
-        return self._batch(views, ids, labels)
+
+class _StepViews(Dataset):
+    """Item i: the views ``[b, 3, s, s]`` of step ``steps[i]`` and its ``StepSamples``."""
+
+    def __init__(self, reader: StepReader, epoch: int, steps: range, augment: AugmentConfig, train: bool) -> None:
+        self.reader, self.epoch, self.steps, self.augment, self.train = reader, epoch, steps, augment, train
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __getitem__(self, index: int) -> tuple[list[torch.Tensor], StepSamples]:
+        inputs = self.reader.read(self.epoch, self.steps[index])
+        describe = self.reader.table.describe
+        images = [decode_rgb(jpeg, describe(i)) for jpeg, i in zip(inputs.jpegs, inputs.samples.ids.tolist())]
+        if not self.train:
+            return [torch.stack([eval_view(image, self.augment) for image in images])], inputs.samples
+        views = [torch.stack([augmented_view(image, view, i) for i, image in enumerate(images)])
+                 for view in inputs.views]
+        return views, inputs.samples
+
+
+class TorchLoader(IndexedLoader):
+    """See ``data_pipeline.loader.build_loader``; ``num_threads`` worker processes, each a step at a time."""
+
+    def _batches(self, epoch: int, steps: range) -> Iterator[Batch]:
+        dataset = _StepViews(self.reader, epoch, steps, self.config.augment, self.train)
+        workers = DataLoader(dataset, batch_size=None, num_workers=self.config.num_threads, prefetch_factor=2)
+        for views, samples in workers:
+            yield self._batch(views, samples)

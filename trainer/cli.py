@@ -25,15 +25,17 @@ def _add_bench_classifier(subparsers) -> None:
     defaults = ClassifierBenchSettings()
     parser = subparsers.add_parser(
         "classifier",
-        help="step time, peak memory and GFLOP/s of the DHP classifier vs the replicated (DDP) baseline",
-        description="Spawns --ranks local processes per mode (gloo on CPU, NCCL on GPUs) and prints both "
-        "modes side by side with their ratios and the plain-matmul roofline.",
+        help="step time, peak memory and useful GFLOP/s of the DHP classifier vs the DDP baseline",
+        description="Spawns --ranks local processes per mode and logits handling (recomputed in the backward, "
+        "or kept in the logits cache; gloo on CPU, NCCL on GPUs) and prints the four runs side by side with "
+        "their ratios and a plain matmul of the same shapes.",
     )
     parser.add_argument("--num-classes", type=int, default=defaults.num_classes, help="N (default %(default)s)")
     parser.add_argument("--batch", type=int, default=defaults.batch, help="global batch B (default %(default)s)")
     parser.add_argument("--dim", type=int, default=defaults.dim, help="feature dim D (default %(default)s)")
     parser.add_argument("--ranks", type=int, default=defaults.ranks, help="T processes (default %(default)s)")
-    parser.add_argument("--chunk-size", type=int, default=defaults.chunk_size, help="classes per chunk")
+    parser.add_argument("--chunk-size", type=int, default=defaults.chunk_size,
+                        help="classes per chunk (default: 2048 on CPU, 65536 on GPUs)")
     parser.add_argument("--steps", type=int, default=defaults.steps, help="timed steps (default %(default)s)")
     parser.add_argument("--warmup", type=int, default=defaults.warmup, help="untimed steps (default %(default)s)")
     parser.add_argument("--dtype", default=defaults.dtype, choices=["float32", "bfloat16", "float16"])
@@ -127,7 +129,7 @@ def _add_bench_data(subparsers) -> None:
     from trainer.bench.data_bench import DataBenchSettings
 
     defaults = DataBenchSettings()
-    parser = subparsers.add_parser("data", help="images/s of the DALI loader vs the webdataset+torchvision fallback")
+    parser = subparsers.add_parser("data", help="images/s of the DALI loader vs the PIL + torchvision fallback")
     parser.add_argument("--shards", type=Path, help="shard directory (default: synthetic shards in a temp dir)")
     parser.add_argument("--synthetic-count", type=int, default=defaults.synthetic_count)
     parser.add_argument("--image-size", type=int, default=defaults.image_size, help="synthetic image side")
@@ -165,6 +167,8 @@ def _add_bench_ddp_vs_dhp(subparsers) -> None:
     parser.add_argument("--batch", type=int, default=d.batch, help="global batch")
     parser.add_argument("--dim", type=int, default=d.dim)
     parser.add_argument("--chunk-size", type=int, default=d.chunk_size)
+    parser.add_argument("--logits-cache-gib", type=float, default=d.logits_cache_bytes / 2**30,
+                        help="logits cache budget per rank (GiB; 0 recomputes the logits in the backward)")
     parser.add_argument("--cap-gib", type=float, default=d.cap_gib, help="memory cap per rank (GiB)")
     parser.add_argument("--start-classes", type=int, default=d.start_classes)
     parser.add_argument("--growth", type=float, default=d.growth)
@@ -183,7 +187,8 @@ def _run_bench_ddp_vs_dhp(args: argparse.Namespace) -> int:
     from trainer.bench.ddp_vs_dhp import SweepSettings, run
 
     settings = SweepSettings(
-        ranks=args.ranks, batch=args.batch, dim=args.dim, chunk_size=args.chunk_size, cap_gib=args.cap_gib,
+        ranks=args.ranks, batch=args.batch, dim=args.dim, chunk_size=args.chunk_size,
+        logits_cache_bytes=int(args.logits_cache_gib * 2**30), cap_gib=args.cap_gib,
         start_classes=args.start_classes, growth=args.growth, refine_steps=args.refine_steps, steps=args.steps,
         dtype=args.dtype, update_in_backward=args.update_in_backward, backbone=args.backbone,
         image_size=args.image_size,
@@ -202,6 +207,8 @@ def _add_plan(commands) -> None:
     parser.add_argument("--views", type=int, default=2)
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--chunk-size", type=int, default=65536)
+    parser.add_argument("--logits-cache-gib", type=float, default=0.0,
+                        help="classifier.logits_cache_bytes in GiB: keep the logits for the backward if they fit")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--backbone", choices=["resnet18", "resnet34", "resnet50", "resnet101"])
     parser.add_argument("--image-size", type=int, default=224)
@@ -218,7 +225,8 @@ def _run_plan(args: argparse.Namespace) -> int:
 
     plan = PlanInput(
         mode="dhp", num_classes=args.num_classes, ranks=args.ranks, batch=args.batch, dim=args.dim,
-        chunk_size=args.chunk_size, dtype=args.dtype, momentum=not args.no_momentum,
+        chunk_size=args.chunk_size, logits_cache_bytes=int(args.logits_cache_gib * GIB), dtype=args.dtype,
+        momentum=not args.no_momentum,
         update_in_backward=args.update_in_backward, backbone=args.backbone, image_size=args.image_size,
         views=args.views, zero_stage=args.zero_stage, device="cpu" if args.cpu else "gpu",
     )
@@ -250,7 +258,7 @@ def _run_train(args: argparse.Namespace) -> int:
     from trainer.parallel.dims import shutdown_distributed
 
     config = load_job_config(args.config, args.overrides)
-    dims = init_distributed(config.classifier.parallel_size)
+    dims = init_distributed(config.parallel.classifier_parallel_size)
     try:
         result = Trainer(config, dims, resume=args.resume).train()
     except NonFiniteLossError as error:
@@ -268,7 +276,9 @@ def _add_eval(commands) -> None:
     parser = commands.add_parser("eval", help="kNN or linear-probe accuracy of a checkpoint's frozen backbone")
     parser.add_argument("protocol", choices=["knn", "linear"])
     _add_config_arguments(parser)
-    parser.add_argument("--checkpoint", required=True, help="checkpoint directory, or 'auto' for the newest")
+    parser.add_argument("--checkpoint", required=True,
+                        help="checkpoint directory, 'auto' for the newest, or 'random-init' for the untrained "
+                        "network of the config's seed (the baseline a trained one must beat)")
     parser.set_defaults(handler=_run_eval)
 
 
@@ -276,7 +286,7 @@ def _run_eval(args: argparse.Namespace) -> int:
     import torch
 
     from trainer.config import load_job_config
-    from trainer.engine.checkpoint import resolve_resume
+    from trainer.engine.checkpoint import reseed, resolve_resume
     from trainer.evaluation.features import bank_and_queries
     from trainer.evaluation.knn import knn_accuracy
     from trainer.evaluation.linear import linear_probe_accuracy
@@ -286,12 +296,17 @@ def _run_eval(args: argparse.Namespace) -> int:
     config = load_job_config(args.config, args.overrides)
     if config.data.eval_shards is None:
         raise ValueError(f"{args.config}: data.eval_shards is not set; point it at a labelled held-out shard set")
-    checkpoint = resolve_resume(args.checkpoint, config.checkpoint.dir)
-    if checkpoint is None:
-        raise FileNotFoundError(f"no complete checkpoint in {config.checkpoint.dir}")
+    if args.checkpoint == "random-init":
+        checkpoint = "random-init"
+        reseed(config.seed, 0, 0)  # the trainer's initial network
+        model = build_model(config.model)
+    else:
+        checkpoint = resolve_resume(args.checkpoint, config.checkpoint.dir)
+        if checkpoint is None:
+            raise FileNotFoundError(f"no complete checkpoint in {config.checkpoint.dir}")
+        model = build_model(config.model)
+        model.load_state_dict(torch.load(checkpoint / "model.pt", map_location="cpu", weights_only=True))
     dims = init_distributed()
-    model = build_model(config.model)
-    model.load_state_dict(torch.load(checkpoint / "model.pt", map_location="cpu", weights_only=True))
     model.to(dims.device)
     bank, bank_labels, queries, query_labels = bank_and_queries(model, config.data, dims)
     if args.protocol == "knn":
@@ -324,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["launch"]:  # everything after `launch` belongs to torchrun
-        from trainer.launcher import launch
+        from trainer.parallel.launch import launch
 
         return launch(argv[1:])
     args = build_parser().parse_args(argv)

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import yaml
 
-from data_pipeline.loader import LoaderConfig
+from data_pipeline.config import LoaderConfig
 from trainer.models import ModelConfig
+from trainer.objectives import InstanceConfig, ObjectiveConfig, objective_config_class
 
 
 class ConfigError(ValueError):
@@ -43,46 +44,18 @@ class DataSection:
 
 
 @dataclass(frozen=True)
-class ClassifierSection:
+class ParallelSection:
     """Attributes:
-    mode: "dhp" (sharded, the method) or "replicated" (the DDP baseline).
-    parallel_size: ranks one classifier is sharded over; a divisor of the world size (default all).
-    temperature: tau of the cosine softmax.
-    chunk_size: classes scored at once (activation memory O(batch * chunk)).
-    smoothing_form: "paper" (Eq. 3) or "soft_target".
-    init_std: std of the Gaussian init (used when method.contrastive_prior is false).
+    classifier_parallel_size: ranks one sharded classifier spans; a divisor of the world size
+        (default: all ranks, the paper's DHP).  Several groups replicate the shards.
     """
 
-    mode: str = "dhp"
-    parallel_size: int | None = None
-    temperature: float = 0.15
-    chunk_size: int = 65536
-    smoothing_form: str = "paper"
-    init_std: float = 0.01
-
-
-@dataclass(frozen=True)
-class MethodSection:
-    """Attributes:
-    contrastive_prior: initialise W from one no-grad pass of the random network (BatchNorm in
-        train mode); false: Gaussian init.
-    smoothing_alpha: alpha of the top-K hardest label smoothing (0 disables the search).
-    smoothing_top_k: K hard negatives per instance.
-    smoothing_start_epoch: first epoch that uses smoothing (its search runs at that epoch's start).
-    """
-
-    contrastive_prior: bool = True
-    smoothing_alpha: float = 0.2
-    smoothing_top_k: int = 100
-    smoothing_start_epoch: int = 0
+    classifier_parallel_size: int | None = None
 
     def __post_init__(self) -> None:
-        if not 0 <= self.smoothing_alpha < 1:
-            raise ConfigError(f"method.smoothing_alpha={self.smoothing_alpha} is invalid: use 0 <= alpha < 1 (paper: 0.2)")
-        if self.smoothing_top_k < 1:
-            raise ConfigError(f"method.smoothing_top_k={self.smoothing_top_k} is invalid: use K >= 1 (paper: 100)")
-        if self.smoothing_start_epoch < 0:
-            raise ConfigError("method.smoothing_start_epoch must be >= 0")
+        if self.classifier_parallel_size is not None and self.classifier_parallel_size < 1:
+            raise ConfigError(f"parallel.classifier_parallel_size={self.classifier_parallel_size} is invalid: use a "
+                              "positive divisor of the world size, or leave it out (all ranks)")
 
 
 @dataclass(frozen=True)
@@ -174,14 +147,15 @@ class EvalSection:
 
 @dataclass(frozen=True)
 class JobConfig:
-    """A training job.  ``deepspeed_config`` is a JSON file in ds_configs/ (ZeRO stage, bf16);
+    """A training job.  ``objective`` selects the training method by ``name`` (see
+    ``trainer.objectives``); its other fields are that objective's.  ``deepspeed_config`` is a JSON file in ds_configs/ (ZeRO stage, bf16);
     batch sizes in it are filled in from ``data.loader.batch_size``.  ``max_steps`` stops early
     (for tests and smoke runs)."""
 
     data: DataSection
     model: ModelConfig = field(default_factory=ModelConfig)
-    classifier: ClassifierSection = field(default_factory=ClassifierSection)
-    method: MethodSection = field(default_factory=MethodSection)
+    objective: ObjectiveConfig = field(default_factory=InstanceConfig)
+    parallel: ParallelSection = field(default_factory=ParallelSection)
     optim: OptimSection = field(default_factory=OptimSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
@@ -194,6 +168,12 @@ class JobConfig:
 def _build(cls, data, where: str):
     """Recursively turn plain YAML data into the dataclass ``cls``."""
     hint = cls
+    if hint is ObjectiveConfig:  # the section's class is chosen by its ``name``
+        name = data.get("name", "instance") if isinstance(data, dict) else None
+        try:
+            hint = objective_config_class(name)
+        except ValueError as error:
+            raise ConfigError(_join(where, str(error))) from error
     if dataclasses.is_dataclass(hint):
         if not isinstance(data, dict):
             raise ConfigError(f"{where or 'config'} must be a mapping of fields, got {data!r}")

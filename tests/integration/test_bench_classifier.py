@@ -1,24 +1,71 @@
-"""`instcls bench classifier` runs both modes on 2 ranks and reports consistent numbers."""
+"""`instcls bench classifier` on 2 ranks: its measurements agree with what the settings imply."""
 
 import json
+import math
 
+import pytest
+
+from trainer.bench.classifier_bench import format_report
 from trainer.cli import main
 
+N, B, D, T = 600_000, 256, 32, 2
+SHARD_BYTES = N // T * D * 4  # DHP: one rank's rows of W
+FULL_BYTES = N * D * 4  # DDP: all of W on every rank
+CACHE_BYTES = B * (N // T) * 4  # either mode keeps B * N / T logits per rank
+MIB = 2**20
 
-def test_bench_reports_both_modes_and_their_ratios(tmp_path, capsys):
-    out = tmp_path / "bench.json"
-    args = "bench classifier --num-classes 200000 --batch 32 --dim 64 --ranks 2 --chunk-size 8192 --steps 1"
-    assert main(args.split() + ["--json", str(out)]) == 0
 
-    report = capsys.readouterr().out
-    assert "dhp" in report and "replicated" in report and "DHP speed-up over replicated" in report
-    summary = json.loads(out.read_text())
-    dhp, replicated = summary["modes"]["dhp"], summary["modes"]["replicated"]
-    assert summary["dhp_speedup"] == replicated["step_s"] / dhp["step_s"]
-    assert summary["matmul_gflops_per_rank"] > 0 and dhp["gflops_per_rank"] > 0
-    # W, its gradient and momentum dominate: N*D*4 bytes x 3 on each replicated rank, half that with DHP.
-    assert replicated["peak_above_baseline_mib"] > 1.3 * dhp["peak_above_baseline_mib"]
-    assert dhp["peak_above_baseline_mib"] > 3 * 100_000 * 64 * 4 / 2**20
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    args = f"bench classifier --num-classes {N} --batch {B} --dim {D} --ranks {T} --chunk-size 8192 --steps 2"
+    return main(args.split() + ["--json", str(out)]), json.loads(out.read_text())
+
+
+def run_of(summary, mode, logits):
+    (run,) = [r for r in summary["runs"] if r["mode"] == mode and r["logits"] == logits]
+    return run
+
+
+def test_every_run_is_timed_and_its_useful_flops_follow_the_formula(bench):
+    status, summary = bench
+    assert status == 0 and len(summary["runs"]) == 4
+    for run in summary["runs"]:
+        assert 0 < run["step_s"] < 60 and math.isfinite(run["step_s"])
+        assert run["matmul_gflops_per_rank"] > 0
+        # Useful work is 3 matmuls of B x D x N/T per rank, whatever the mode and the recomputation.
+        assert run["useful_gflops_per_rank"] * run["step_s"] == pytest.approx(6 * B * D * N / T / 1e9, rel=1e-9)
+        assert run["useful_fraction_of_matmul"] == pytest.approx(
+            run["useful_gflops_per_rank"] / run["matmul_gflops_per_rank"], rel=1e-9)
+    # DHP never all-reduces W's gradient; DDP all-reduces N x D floats every step.
+    dhp_sync, ddp_sync = (run_of(summary, mode, "recompute")["weight_grad_sync_s"] for mode in ("dhp", "ddp"))
+    assert dhp_sync < 0.1 * ddp_sync
+
+
+def test_peaks_are_the_weight_state_plus_the_cache(bench):
+    """W, its gradient and momentum (3 copies), the chunk workspace, and the cache when it is on."""
+    _, summary = bench
+    for mode, state in (("dhp", 3 * SHARD_BYTES), ("ddp", 3 * FULL_BYTES)):
+        recompute = run_of(summary, mode, "recompute")["peak_above_baseline_mib"] * MIB
+        cache = run_of(summary, mode, "cache")["peak_above_baseline_mib"] * MIB
+        # RSS also holds what glibc keeps of freed blocks: tens of MiB either way from run to run.
+        assert 0.95 * state <= recompute < 1.05 * state + 64 * MIB, (mode, recompute / MIB)
+        assert cache - recompute == pytest.approx(CACHE_BYTES, rel=0.25), (mode, (cache - recompute) / MIB)
+        assert run_of(summary, mode, "cache")["cache_bytes"] == CACHE_BYTES
+
+
+def test_ddp_holds_about_twice_the_memory_and_the_report_shows_every_run(bench):
+    _, summary = bench
+    memory = summary["ddp_over_dhp_memory"]
+    assert memory["recompute"] > 1.5  # 3 N D vs 3 N D / 2 floats
+    # The cache is as large in both modes, so it narrows the ratio.
+    expected = (3 * FULL_BYTES + CACHE_BYTES) / (3 * SHARD_BYTES + CACHE_BYTES)
+    assert memory["cache"] == pytest.approx(expected, rel=0.15)
+    report = format_report(summary)
+    for mode in ("dhp", "ddp"):
+        for logits in ("recompute", "cache"):
+            assert f"{mode:<6}{logits:<11}" in report
+    assert "DHP speed-up over DDP" in report and "useful/matmul" in report
 
 
 def test_bench_rejects_a_batch_that_does_not_split_evenly(capsys):

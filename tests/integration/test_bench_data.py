@@ -9,9 +9,9 @@ def test_bench_data_reports_both_loaders(digits_shards, capsys):
     out = capsys.readouterr().out
     rates = {}
     for line in out.splitlines():
-        if line.startswith(("DALI ", "webdataset + torchvision")) and "/" not in line:
+        if line.startswith(("DALI ", "PIL + torchvision")) and "/" not in line:
             name, value = line.rsplit(maxsplit=1)
             rates[name.strip()] = float(value)
-    assert rates["DALI"] > 0 and rates["webdataset + torchvision"] > 0
+    assert rates["DALI"] > 0 and rates["PIL + torchvision"] > 0
     ratio = float(out.split("DALI / fallback: ")[1].split("x")[0])
-    assert abs(ratio - rates["DALI"] / rates["webdataset + torchvision"]) < 0.01 * ratio + 0.01
+    assert abs(ratio - rates["DALI"] / rates["PIL + torchvision"]) < 0.01 * ratio + 0.01

@@ -1,4 +1,4 @@
-"""DHP and replicated classifiers on 2-4 gloo ranks against the single-process float64 reference.
+"""DHP and DDP (replicated) classifiers on 2-4 gloo ranks against the single-process float64 reference.
 
 Every rank builds the same global batch and full weight from a seed, keeps its own part, and
 checks its results against the reference; a failing rank raises and the test fails with its
@@ -38,7 +38,7 @@ def _check_against_reference(classifier_parallel_size):
     group_rows = slice(group_start, group_start + group_size * LOCAL_BATCH)
     full_weight = gaussian_rows(0, NUM_CLASSES, DIM, std=1.0, seed=0)
 
-    cases = itertools.product(["dhp", "replicated"], ["paper", "soft_target"], [0.0, 0.2], [5, 64], [True, False])
+    cases = itertools.product(["dhp", "ddp"], ["paper", "soft_target"], [0.0, 0.2], [5, 64], [True, False])
     for mode, form, alpha, chunk, averaged in cases:
         config = ClassifierConfig(
             num_classes=NUM_CLASSES, feature_dim=DIM, temperature=TAU, chunk_size=chunk, mode=mode,
@@ -62,7 +62,7 @@ def _check_against_reference(classifier_parallel_size):
         _, grad_x, grad_w = reference_grads(features_all, full_weight, ids_all, hard_all, alpha, TAU, form)
         # Backbone gradients are averaged over all ranks afterwards (or, with averaged=False in
         # DHP, summed over one classifier group's loss); see ClassifierConfig.backbone_grads_averaged.
-        if mode == "replicated" or averaged:
+        if mode == "ddp" or averaged:
             feature_scale = world
         else:
             feature_scale = dims.num_classifier_replicas
@@ -114,9 +114,9 @@ def _train_a_few_steps(mode, steps=3):
     return backbone, classifier
 
 
-def _dhp_and_replicated_agree():
+def _dhp_and_ddp_agree():
     dhp_backbone, dhp = _train_a_few_steps("dhp")
-    rep_backbone, replicated = _train_a_few_steps("replicated")
+    rep_backbone, replicated = _train_a_few_steps("ddp")
     rows = slice(dhp.class_start, dhp.class_start + dhp.num_classes_local)
     initial = gaussian_rows(0, NUM_CLASSES, DIM, std=0.01, seed=0)
     assert not torch.allclose(replicated.weight.detach(), initial, atol=1e-3), "training did not move W"
@@ -125,8 +125,8 @@ def _dhp_and_replicated_agree():
         torch.testing.assert_close(a.detach(), b.detach(), atol=1e-5, rtol=1e-5)
 
 
-def test_dhp_and_replicated_train_to_the_same_parameters():
-    spawn_local_workers(_dhp_and_replicated_agree, 2)
+def test_dhp_and_ddp_train_to_the_same_parameters():
+    spawn_local_workers(_dhp_and_ddp_agree, 2)
 
 
 def _bad_ids_on_one_rank():

@@ -9,12 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from data_pipeline.loader import LoaderConfig, build_loader
+from data_pipeline.config import LoaderConfig
+from data_pipeline.loader import build_loader
 from data_pipeline.augment import AugmentConfig
 from tests.reference import reference_loss
 from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
 from trainer.engine.deepspeed_setup import initialize_backbone, load_deepspeed_config
-from trainer.engine.prior import contrastive_prior
+from trainer.objectives.instance import contrastive_prior
 from trainer.models import ModelConfig, build_model
 from trainer.parallel import init_distributed
 from trainer.parallel.collectives import gather_rows
@@ -41,13 +42,16 @@ def _prior_matches_direct_pass(shard_dir):
     classifier = ShardedCosineClassifier(ClassifierConfig(num_classes=num_classes, feature_dim=16), dims)
     loader_config = LoaderConfig(batch_size=32, num_threads=1, augment=AugmentConfig(image_size=32))
     loader = build_loader(shard_dir, loader_config, dims.rank, dims.world_size, dims.device, train=False)
-    assert contrastive_prior(engine, loader, classifier, dims, torch.float32) == classifier.num_classes_local
+    engine.train()  # BatchNorm in train mode, as the trainer runs the prior
+    assert contrastive_prior(engine, loader.epoch_batches(0), classifier, dims) == classifier.num_classes_local
     full = _full_weight(classifier, dims)
     # Direct pass: the same deterministic batches, BatchNorm in train mode (batch statistics).
     with torch.no_grad():
-        for batch in build_loader(shard_dir, loader_config, dims.rank, dims.world_size, dims.device, train=False):
+        for batch in build_loader(shard_dir, loader_config, dims.rank, dims.world_size, dims.device,
+                                  train=False).epoch_batches(0):
             expected = F.normalize(engine(batch.views[0]), dim=1)
-            torch.testing.assert_close(full[batch.instance_ids], expected, atol=1e-5, rtol=0)
+            valid = batch.valid  # padding repeats are forwarded but never written
+            torch.testing.assert_close(full[batch.instance_ids[valid]], expected[valid], atol=1e-5, rtol=0)
 
 
 def test_contrastive_prior_fills_the_right_rows(color_shards):

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.classifier import ClassShard, gaussian_rows
-from trainer.classifier.hard_negatives import HardNegativeTable, search_hard_negatives
+from trainer.classifier.hard_negatives import HardNegativeIndex, search_hard_negatives
 from trainer.parallel import init_distributed
 from trainer.parallel.launch import spawn_local_workers
 
@@ -30,10 +30,13 @@ def _check(chunks, use_faiss=None):
     found = search_hard_negatives(local, shard, dims.classifier_group, TOP_K, query_chunk, key_chunk, use_faiss)
     assert torch.equal(found, expected[shard.class_start : shard.class_end]), f"rank {dims.rank}"
 
-    table = HardNegativeTable(found, shard, dims.classifier_group)
-    generator = torch.Generator().manual_seed(dims.rank)
-    ids = torch.randint(0, NUM_CLASSES, (9,), generator=generator)
-    assert torch.equal(table.lookup(ids), expected[ids]), f"lookup on rank {dims.rank}"
+    # The step's lookup: for any gathered ids, the local row of each hard negative this rank owns.
+    index = HardNegativeIndex(found, shard, dims.classifier_group)
+    generator = torch.Generator().manual_seed(0)  # the same gathered ids on every rank
+    ids = torch.cat([torch.randint(0, NUM_CLASSES, (9,), generator=generator), torch.tensor([0, 0, NUM_CLASSES - 1])])
+    negatives = expected[ids]
+    local = torch.where(shard.is_local(negatives), negatives - shard.class_start, -1)
+    assert torch.equal(index.local_columns(ids), local), f"lookup on rank {dims.rank}"
 
 
 @pytest.mark.parametrize("use_faiss", [True, False], ids=["faiss", "matmul-topk"])

@@ -1,6 +1,12 @@
-"""Both loaders: epoch coverage across ranks, ids that match their images, views and shapes."""
+"""Both loaders: they read what the sampler names, ids travel with their images, a resumed epoch
+is bit-identical and reads nothing before its first step, both backends apply the same
+augmentation, and bad samples are named by shard and key."""
 
 import io
+import itertools
+import shutil
+import tarfile
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -9,19 +15,20 @@ import webdataset as wds
 from PIL import Image
 
 from data_pipeline.augment import IMAGENET_MEAN, IMAGENET_STD, AugmentConfig
-from data_pipeline.loader import LoaderConfig, build_loader, steps_per_epoch
+from data_pipeline.config import LoaderConfig
+from data_pipeline.loader import build_loader
 from data_pipeline.manifest import ShardManifest
+from data_pipeline.sampler import EpochPermutationSampler
 from data_pipeline.shards import decode_int64
+from data_pipeline.step_inputs import StepReader
 
 CPU = torch.device("cpu")
 BACKENDS = ["dali", "torch"]
 
 
-def run_epoch(loader):
-    batches = list(loader)
-    ids = torch.cat([b.instance_ids for b in batches])
-    valid = torch.cat([b.valid for b in batches])
-    return batches, ids, valid
+def run_epoch(loader, epoch):
+    batches = list(loader.epoch_batches(epoch))
+    return batches, torch.cat([b.instance_ids for b in batches]), torch.cat([b.valid for b in batches])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -30,25 +37,34 @@ def test_two_ranks_see_every_instance_once_per_epoch(digits_shards, backend, las
     config = LoaderConfig(batch_size=64, backend=backend, num_threads=2, last_batch=last_batch,
                           augment=AugmentConfig(image_size=32))
     loaders = [build_loader(digits_shards, config, rank, 2, CPU, train=True) for rank in range(2)]
-    expected_steps = 15 if last_batch == "pad" else 14  # ranks hold 898 and 899 samples
+    expected_steps = 15 if last_batch == "pad" else 14  # 1797 samples, 128 per global step
     order_by_epoch = []
-    for _ in range(2):
-        epoch_ids = []
-        for loader in loaders:
-            batches, ids, valid = run_epoch(loader)
-            assert len(batches) == len(loader) == expected_steps
-            for batch in batches:
+    for epoch in range(2):
+        epoch_ids, per_rank, padding = [], [], []
+        for rank, loader in enumerate(loaders):
+            batches, ids, valid = run_epoch(loader, epoch)
+            assert len(batches) == len(loader) == loader.steps_per_epoch == expected_steps
+            for step, batch in enumerate(batches):
+                assert batch.step == step and batch.view_kinds == ["global", "global"]
                 assert [tuple(v.shape) for v in batch.views] == [(64, 3, 32, 32)] * 2
                 assert all(v.dtype == torch.float32 for v in batch.views)
                 assert batch.instance_ids.dtype == torch.int64 and batch.instance_ids.shape == (64,)
+                planned = loader.sampler.step(epoch, step)
+                assert batch.instance_ids.tolist() == planned.ids[rank].tolist()
+                assert batch.valid.tolist() == planned.valid[rank].tolist()
             epoch_ids.append(ids[valid])
-            assert valid.sum() == len(set(ids.tolist())), "valid marks exactly the first sighting of each id"
+            per_rank.append(batches)
+            assert ids[valid].unique().numel() == int(valid.sum()), "an id is valid at most once per rank"
+            padding.append(ids[~valid])
+        for first, second in zip(*per_rank):
+            assert first.global_valid == second.global_valid == int(first.valid.sum() + second.valid.sum())
         union = torch.cat(epoch_ids).sort().values
         if last_batch == "pad":
             assert union.tolist() == list(range(1797))
         else:
             assert len(union) == 2 * 14 * 64 and union.unique().numel() == len(union)
         assert set(epoch_ids[0].tolist()).isdisjoint(epoch_ids[1].tolist())
+        assert set(torch.cat(padding).tolist()) <= set(union.tolist()), "padding repeats samples of the epoch"
         order_by_epoch.append(epoch_ids[0].tolist())
     assert order_by_epoch[0] != order_by_epoch[1], "sample order should change between epochs"
 
@@ -73,10 +89,12 @@ def test_ids_travel_with_their_images_and_views_are_normalised(color_shards, bac
     mean = torch.tensor(IMAGENET_MEAN)[None, :, None, None]
     std = torch.tensor(IMAGENET_STD)[None, :, None, None]
     for train in (True, False):
-        _, ids, valid = run_epoch(build_loader(color_shards, config, 0, 1, CPU, train=train))
+        batches, ids, valid = run_epoch(build_loader(color_shards, config, 0, 1, CPU, train=train), 0)
         assert sorted(ids[valid].tolist()) == list(range(45))
-        for batch in build_loader(color_shards, config, 0, 1, CPU, train=train):
-            assert len(batch.views) == (3 if train else 1)
+        if not train:
+            assert ids.tolist()[:45] == list(range(45)), "evaluation reads the stored order"
+        for batch in batches:
+            assert batch.view_kinds == (["global", "global", "small"] if train else ["global"])
             for view in batch.views:
                 rgb = ((view * std + mean) * 255).mean(dim=(2, 3))
                 for row, instance_id in enumerate(batch.instance_ids.tolist()):
@@ -91,13 +109,107 @@ def test_ids_travel_with_their_images_and_views_are_normalised(color_shards, bac
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_two_views_of_an_image_differ(digits_shards, backend):
     config = LoaderConfig(batch_size=32, backend=backend, num_threads=2, augment=AugmentConfig(image_size=32))
-    batch = next(iter(build_loader(digits_shards, config, 0, 1, CPU, train=True)))
+    batch = next(build_loader(digits_shards, config, 0, 1, CPU, train=True).epoch_batches(0))
     per_sample_gap = (batch.views[0] - batch.views[1]).abs().flatten(1).mean(dim=1)
     assert (per_sample_gap > 0.05).float().mean() > 0.9
     normalised = torch.cat([v.flatten() for v in batch.views])
     assert -3 < normalised.mean() < 3 and normalised.std() > 0.3
 
 
-def test_too_small_data_for_the_ranks_is_explained():
-    with pytest.raises(ValueError, match="use fewer ranks, a smaller batch"):
-        steps_per_epoch(num_samples=100, world_size=4, batch_size=64, last_batch="drop")
+@pytest.fixture
+def step_reads(tmp_path, monkeypatch):
+    """Every ``StepReader.read`` as ``(epoch, step)``, DataLoader workers included (they fork
+    after the patch; a file collects what each process reads)."""
+    log = tmp_path / "reads.txt"
+    original = StepReader.read
+
+    def logged_read(self, epoch, step):
+        with open(log, "a") as handle:
+            handle.write(f"{epoch} {step}\n")
+        return original(self, epoch, step)
+
+    monkeypatch.setattr(StepReader, "read", logged_read)
+
+    def reads(clear=False):
+        found = [tuple(map(int, line.split())) for line in log.read_text().splitlines()] if log.exists() else []
+        if clear:
+            log.unlink(missing_ok=True)
+        return found
+
+    return reads
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_resumed_epoch_is_bit_identical_and_reads_nothing_before_its_step(digits_shards, backend, step_reads):
+    augment = AugmentConfig(image_size=32, small_crops=1, small_size=16)
+    config = LoaderConfig(batch_size=64, backend=backend, num_threads=2, seed=3, augment=augment)
+    uninterrupted = list(build_loader(digits_shards, config, 1, 2, CPU, train=True).epoch_batches(4))
+    assert sorted(set(step_reads(clear=True))) == [(4, s) for s in range(15)]
+    restarted = build_loader(digits_shards, config, 1, 2, CPU, train=True)  # a fresh process would build this
+    resumed = list(restarted.epoch_batches(4, start_step=11))
+    assert {epoch for epoch, _ in step_reads()} == {4} and min(step for _, step in step_reads()) == 11
+    assert [b.step for b in resumed] == [11, 12, 13, 14]
+    for expected, got in zip(uninterrupted[11:], resumed, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(expected.views, got.views, strict=True))
+        assert torch.equal(expected.instance_ids, got.instance_ids) and torch.equal(expected.valid, got.valid)
+        assert expected.global_valid == got.global_valid
+    assert list(restarted.epoch_batches(4, start_step=15)) == []
+
+
+def test_both_backends_read_the_same_samples_and_apply_the_same_parameters(digits_shards):
+    loaders = {backend: build_loader(digits_shards, LoaderConfig(batch_size=64, backend=backend, num_threads=2,
+                                                                 augment=AugmentConfig(image_size=32)),
+                                     0, 1, CPU, train=True) for backend in BACKENDS}
+    dali, fallback = (list(itertools.islice(loaders[b].epoch_batches(2, 5), 3)) for b in BACKENDS)
+    for ours, theirs in zip(dali, fallback, strict=True):
+        assert torch.equal(ours.instance_ids, theirs.instance_ids) and torch.equal(ours.valid, theirs.valid)
+        assert ours.step == theirs.step and ours.global_valid == theirs.global_valid
+        params = [loaders[b].reader.read(2, ours.step).views for b in BACKENDS]
+        for a, b in zip(*params, strict=True):
+            assert all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("crop", "flip", "colour", "blur", "sigma", "window"))
+        # Same parameters, different decoder and resampler arithmetic: under a grey level on average.
+        for a, b in zip(ours.views, theirs.views, strict=True):
+            gap = (a - b).abs()
+            assert gap.mean() < 0.02 and gap.flatten().quantile(0.99) < 0.2, (gap.mean(), gap.max())
+    config = LoaderConfig(batch_size=64, num_threads=1, augment=AugmentConfig(image_size=28))
+    dali, fallback = (next(build_loader(digits_shards, replace(config, backend=b), 0, 1, CPU, train=False)
+                           .epoch_batches(0)) for b in BACKENDS)
+    assert torch.equal(dali.labels, fallback.labels) and torch.equal(dali.instance_ids, fallback.instance_ids)
+    assert (dali.views[0] - fallback.views[0]).abs().mean() < 0.02
+
+
+def test_a_sampler_for_another_world_is_refused(digits_shards):
+    config = LoaderConfig(batch_size=64, backend="torch", num_threads=1, augment=AugmentConfig(image_size=32))
+    with pytest.raises(ValueError, match="plans world_size=2, batch_size=64, the loader runs world_size=1"):
+        build_loader(digits_shards, config, 0, 1, CPU, train=True, sampler=EpochPermutationSampler(1797, 2, 64))
+
+
+def _break_sample(shard_dir, how):
+    """Damage one image of the second shard in place; returns ``"<tar> key <key>"``."""
+    tar_path = shard_dir / ShardManifest.load(shard_dir).shards[1].tar
+    with tarfile.open(tar_path) as archive:
+        member = [m for m in archive.getmembers() if m.name.endswith(".jpg")][-1]
+        jpeg = archive.extractfile(member).read()
+    blob = bytearray(tar_path.read_bytes())
+    start = member.offset_data
+    if how == "no image header":
+        blob[start:start + 16] = bytes(16)
+    elif how == "bad huffman table":  # the header still parses; only decoding fails
+        counts = start + jpeg.index(b"\xff\xc4") + 5
+        blob[counts:counts + 16] = bytes([255] * 16)
+    else:  # a tar cut inside the image
+        blob = blob[:start + 10]
+    tar_path.write_bytes(bytes(blob))
+    return f"{tar_path.name} key {member.name.split('.')[0]}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("how", ["no image header", "bad huffman table", "truncated tar"])
+def test_a_bad_sample_is_named_by_shard_and_key(color_shards, tmp_path, backend, how):
+    shard_dir = tmp_path / "shards"
+    shutil.copytree(color_shards, shard_dir)
+    where = _break_sample(shard_dir, how)
+    config = LoaderConfig(batch_size=8, backend=backend, num_threads=1, augment=AugmentConfig(image_size=16))
+    with pytest.raises((ValueError, RuntimeError, OSError), match=where):
+        for _ in build_loader(shard_dir, config, 0, 1, CPU, train=True).epoch_batches(0):
+            pass

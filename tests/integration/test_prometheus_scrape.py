@@ -15,8 +15,7 @@ import urllib.request
 
 import pytest
 
-from tests.integration.test_training import FAST, digits_split  # noqa: F401 (session fixture)
-from tests.integration.training_helpers import REPO, train_command
+from tests.helpers.training import FAST, REPO, train_command
 from trainer.parallel.launch import free_port
 
 
@@ -35,7 +34,7 @@ def prometheus_binary():
     return binary
 
 
-def test_prometheus_scrapes_both_ranks_of_a_training_run(digits_split, tmp_path, prometheus_binary):  # noqa: F811
+def test_prometheus_scrapes_both_ranks_of_a_training_run(digits_split, tmp_path, prometheus_binary):
     metrics_port, prometheus_port = free_port(), free_port()
     while prometheus_port in (metrics_port, metrics_port + 1):
         prometheus_port = free_port()

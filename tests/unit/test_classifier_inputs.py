@@ -47,7 +47,7 @@ def test_more_hard_negatives_than_other_classes():
     [
         (dict(smoothing_top_k=20), r"smoothing_top_k=20 is invalid: K must be at most num_classes - 1 = 19"),
         (dict(temperature=0.0), "temperature=0.0 is invalid"),
-        (dict(mode="ddp"), r"mode='ddp' is invalid: choose one of \('dhp', 'replicated'\)"),
+        (dict(mode="replicated"), r"mode='replicated' is invalid: choose one of \('dhp', 'ddp'\)"),
         (dict(smoothing_form="inside"), "smoothing_form='inside' is invalid"),
         (dict(smoothing_alpha=1.0), "smoothing_alpha=1.0 is invalid"),
         (dict(chunk_size=0), "chunk_size=0 is invalid"),
@@ -58,10 +58,19 @@ def test_bad_config_is_named(overrides, message):
         classifier(**overrides)
 
 
-def test_validation_can_be_turned_off():
-    # With checks off, an out-of-range id is simply never matched; nothing is raised.
-    loss = classifier(validate_inputs=False, smoothing_alpha=0.0)(torch.randn(3, 8), torch.tensor([0, 5, 19]))
-    assert torch.isfinite(loss)
+def test_validation_can_be_turned_off(monkeypatch):
+    import trainer.classifier.module as module
+
+    checked = []
+    real_check = module.local_input_problem
+    monkeypatch.setattr(module, "local_input_problem", lambda *args: checked.append(args) or real_check(*args))
+    features, ids = torch.randn(3, 8), torch.tensor([0, 5, 19])
+    classifier(validate_inputs=False, smoothing_alpha=0.0)(features, ids)
+    assert checked == [], "validate_inputs=False still ran the input check"
+    classifier(validate_inputs=True, smoothing_alpha=0.0)(features, ids)
+    assert len(checked) == 1
+    with pytest.raises(ClassifierInputError, match=r"instance_ids contains 20, outside \[0, 20\)"):
+        classifier(validate_inputs=True, smoothing_alpha=0.0)(features, torch.tensor([0, 5, 20]))
 
 
 def test_single_process_layout_without_torchrun(monkeypatch):

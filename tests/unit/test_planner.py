@@ -41,3 +41,21 @@ def test_report_says_whether_each_mode_fits():
     report = format_plan(PlanInput(mode="dhp", num_classes=14_197_122, ranks=2, batch=256, device="cpu"), 12 * GIB)
     assert "DDP: N=14,197,122" in report and "does NOT fit in 12 GiB" in report
     assert "DHP: N=14,197,122" in report and "fits in 12 GiB" in report
+
+
+def test_logits_cache_is_planned_only_when_it_fits_its_budget():
+    plan = dict(num_classes=1_000_000, ranks=2, batch=256, views=1, device="cpu")
+    cache = 256 * 500_000 * 4  # DHP: the gathered batch times the shard, fp32
+    assert predict(PlanInput(mode="dhp", **plan))["logits cache"] == 0
+    assert predict(PlanInput(mode="dhp", logits_cache_bytes=cache, **plan))["logits cache"] == cache
+    assert predict(PlanInput(mode="dhp", logits_cache_bytes=cache - 1, **plan))["logits cache"] == 0
+    # DDP scores its local half of the batch against all N classes: the same number of logits.
+    assert predict(PlanInput(mode="ddp", logits_cache_bytes=cache, **plan))["logits cache"] == cache
+
+
+def test_plan_command_reports_the_cache(capsys):
+    from trainer.cli import main
+
+    assert main("plan --num-classes 1000000 --ranks 2 --batch 256 --views 1 --cpu --logits-cache-gib 1".split()) == 0
+    report = capsys.readouterr().out
+    assert report.count("logits cache") == 2 and f"{256 * 500_000 * 4 / GIB:.3f} GiB" in report

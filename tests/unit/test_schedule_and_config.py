@@ -30,7 +30,8 @@ def write(tmp_path, text):
 def test_shipped_configs_load():
     for name in ("demo_cpu", "in1k_r50_64gpu", "in21k_r50_64gpu"):
         config = load_job_config(f"configs/{name}.yaml")
-        assert config.classifier.temperature == 0.15 and config.method.smoothing_alpha == 0.2
+        assert config.objective.name == "instance"
+        assert config.objective.temperature == 0.15 and config.objective.smoothing_alpha == 0.2
     paper = load_job_config("configs/in1k_r50_64gpu.yaml")
     assert paper.model.arch == "resnet50" and paper.optim.base_lr == 0.48 and paper.optim.warmup_epochs == 10
 
@@ -45,6 +46,11 @@ def test_shipped_configs_load():
         ("model: {arch: resnet18}", r"missing required field\(s\) data"),
         ("data: {train_shards: x, loader: {backend: nvidia}}", r"data.loader.backend='nvidia' is invalid: choose one of"),
         ("data: {train_shards: x, loader: {augment: {crop_scale: [0.5]}}}", r"crop_scale=\[0.5\] is invalid: expected a list of 2"),
+        ("data: {train_shards: x}\nobjective: {name: instance, top_k: 0}", r"objective.top_k=0 is invalid: use K >= 1"),
+        ("data: {train_shards: x}\nobjective: {name: simclr}", r"objective.name='simclr' is invalid: choose one of \['instance'\]"),
+        ("data: {train_shards: x}\nobjective: {mode: replicated}", r"objective.mode='replicated' is invalid: choose one of \('dhp', 'ddp'\)"),
+        ("data: {train_shards: x}\nobjective: {name: instance, update_in_backward: true, mode: ddp}",
+         r"objective.update_in_backward=True is invalid: the in-backward update needs mode 'dhp'"),
     ],
 )
 def test_bad_values_name_the_field(tmp_path, text, message):

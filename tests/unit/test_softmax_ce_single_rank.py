@@ -97,8 +97,8 @@ def test_peak_logits_memory_is_bounded_by_the_chunk():
         def __torch_function__(self, func, types, args=(), kwargs=None):
             nonlocal widest
             out = func(*args, **(kwargs or {}))
-            if isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[0] == BATCH:
-                widest = max(widest, out.shape[1])
+            if isinstance(out, torch.Tensor) and out.dim() == 2 and BATCH in out.shape:  # [B, rows] or [rows, B]
+                widest = max(widest, out.shape[1] if out.shape[0] == BATCH else out.shape[0])
             return out
 
     with WidthWatcher():

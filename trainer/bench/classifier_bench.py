@@ -1,21 +1,26 @@
-"""`instcls bench classifier`: one training step of the classifier, DHP vs replicated (DDP).
+"""`instcls bench classifier`: one training step of the classifier, DHP vs DDP, logits recomputed
+in the backward vs kept in the logits cache.
 
 Both modes see the same global batch B of random features: DHP gathers it on every rank and
-scores N/T classes, replicated scores its B/T local rows against all N classes and all-reduces the
-N x D weight gradient.  Each mode runs in fresh worker processes so its peak memory is its own.
+scores N/T classes, DDP scores its B/T local rows against all N classes and all-reduces the N x D
+weight gradient.  Each (mode, logits) run has fresh worker processes, so its peak memory is its own.
 
-The roofline is a plain ``torch.mm`` (into a reused output) of the DHP shapes ``[B, D] x [D, N/T]`` timed in the same
-processes right after, with the same threads.  A DHP step executes four such matmuls (forward,
-the backward's recomputation, feature gradient, weight gradient), so its FLOPs are 8*B*(N/T)*D.
+Useful work is what any implementation must do: the forward logits, the feature gradient and the
+weight gradient, 3 matmuls or ``6 * B * D * N / T`` FLOPs per rank and step in either mode (the
+recomputation of the logits is not counted).  It is compared with a plain ``torch.mm`` of the DHP
+shapes ``[B, D] x [D, N/T]`` timed in the same processes after each step, with the same threads,
+so both see the same moments of a shared machine.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from statistics import fmean
 
 import torch
 import torch.distributed as dist
@@ -26,6 +31,14 @@ from trainer.parallel import init_distributed
 from trainer.parallel.launch import spawn_local_workers
 
 MIB = 2**20
+LOGITS = ("recompute", "cache")
+MODES = ("dhp", "ddp")
+
+
+def default_chunk_size() -> int:
+    """CPU: 2048 classes keep a chunk's ``[chunk, B]`` logits within a core's L2/L3 while its
+    elementwise passes run (measured fastest of 512-8192 at B=256); GPU: big chunks fill the SMs."""
+    return 65536 if torch.cuda.is_available() else 2048
 
 
 @dataclass(frozen=True)
@@ -34,8 +47,8 @@ class ClassifierBenchSettings:
     batch: int = 256  # global batch B (B / T per rank)
     dim: int = 128
     ranks: int = 2
-    chunk_size: int = 65536
-    steps: int = 3
+    chunk_size: int = field(default_factory=default_chunk_size)
+    steps: int = 5
     warmup: int = 1
     dtype: str = "float32"
 
@@ -49,33 +62,48 @@ class ClassifierBenchSettings:
         if torch.cuda.is_available() and torch.cuda.device_count() < self.ranks:
             raise ValueError(f"--ranks {self.ranks} needs that many GPUs; this machine has {torch.cuda.device_count()}")
 
+    def rows_scored(self, mode: str) -> int:
+        """Samples each rank scores: the gathered batch (DHP) or its local part (DDP)."""
+        return self.batch if mode == "dhp" else self.batch // self.ranks
 
-def _step_spec(settings: ClassifierBenchSettings, mode: str, num_classes: int, steps: int) -> StepSpec:
+    def classes_scored(self, mode: str) -> int:
+        """Classes held by the largest shard (DHP) or all of them (DDP)."""
+        return math.ceil(self.num_classes / self.ranks) if mode == "dhp" else self.num_classes
+
+    def cache_bytes(self, mode: str) -> int:
+        """What the logits cache holds on a rank: fp32 ``exp(z)`` of every scored (sample, class)."""
+        return self.rows_scored(mode) * self.classes_scored(mode) * 4
+
+    def useful_flops(self, mode: str) -> int:
+        """Per rank and step: forward logits, feature gradient, weight gradient."""
+        return 6 * self.rows_scored(mode) * self.classes_scored(mode) * self.dim
+
+
+def _step_spec(settings: ClassifierBenchSettings, mode: str, num_classes: int, steps: int, cache_bytes: int):
     return StepSpec(num_classes=num_classes, batch=settings.batch, dim=settings.dim, chunk_size=settings.chunk_size,
-                    mode=mode, dtype=settings.dtype, steps=steps, warmup=settings.warmup)
+                    mode=mode, logits_cache_bytes=cache_bytes, dtype=settings.dtype, steps=steps,
+                    warmup=settings.warmup)
 
 
-def _worker(settings: ClassifierBenchSettings, mode: str, result_path: str) -> None:
+def _worker(settings: ClassifierBenchSettings, mode: str, logits: str, result_path: str) -> None:
     dims = init_distributed()
     device = dims.device
+    cache_bytes = settings.cache_bytes(mode) if logits == "cache" else 0
     # A tiny run first loads everything the step touches once per process (optimizer internals,
     # collective buffers, kernels), so the measured peak is the classifier's own memory.
-    run_steps(_step_spec(settings, mode, num_classes=max(settings.ranks, 16), steps=1), dims)
+    run_steps(_step_spec(settings, mode, max(settings.ranks, 16), 1, cache_bytes), dims)
+    matmul = _PlainMatmul(settings, device, getattr(torch, settings.dtype))
     baseline = reset_peak(device)
-    stats = run_steps(_step_spec(settings, mode, settings.num_classes, settings.steps), dims)
+    stats = run_steps(_step_spec(settings, mode, settings.num_classes, settings.steps, cache_bytes), dims,
+                      after_step=matmul.time_one)
     peak, peak_above_baseline = peak_since(device, baseline)
-
-    dtype = getattr(torch, settings.dtype)
-    roofline_gflops = _matmul_gflops(settings, stats.num_classes_local, device, dtype) if mode == "dhp" else None
     result = dict(
         rank=dims.rank,
         step_s=stats.step_s,
         weight_grad_sync_s=stats.weight_grad_sync_s,
         peak_bytes=peak,
         peak_above_baseline_bytes=peak_above_baseline,
-        num_classes_local=stats.num_classes_local,
-        rows_scored=stats.rows_scored,
-        matmul_gflops=roofline_gflops,
+        matmul_gflops=matmul.gflops(),
     )
     gathered: list[dict] = [None] * dims.world_size  # type: ignore[list-item]
     dist.all_gather_object(gathered, result)
@@ -83,77 +111,100 @@ def _worker(settings: ClassifierBenchSettings, mode: str, result_path: str) -> N
         Path(result_path).write_text(json.dumps(gathered))
 
 
-def _matmul_gflops(settings: ClassifierBenchSettings, num_classes_local: int, device: torch.device, dtype) -> float:
-    """GFLOP/s of ``[B, D] x [D, N_local]`` on this rank while the other ranks do the same."""
-    a = torch.randn(settings.batch, settings.dim, device=device, dtype=dtype)
-    b = torch.randn(settings.dim, num_classes_local, device=device, dtype=dtype)
-    out = torch.mm(a, b)  # reused, as the classifier reuses its chunk workspace
-    dist.barrier()
-    synchronize(device)
-    start = time.perf_counter()
-    repeats = max(2, settings.steps)
-    for _ in range(repeats):
-        torch.mm(a, b, out=out)
-    synchronize(device)
-    seconds = (time.perf_counter() - start) / repeats
-    return 2 * settings.batch * num_classes_local * settings.dim / seconds / 1e9
+class _PlainMatmul:
+    """``[B, D] x [D, N/T]`` into a reused output (as the classifier reuses its chunk workspace),
+    timed once after each step on every rank at once; its inputs count in the baseline memory."""
+
+    def __init__(self, settings: ClassifierBenchSettings, device: torch.device, dtype) -> None:
+        self.device = device
+        self.a = torch.randn(settings.batch, settings.dim, device=device, dtype=dtype)
+        self.b = torch.randn(settings.dim, settings.classes_scored("dhp"), device=device, dtype=dtype)
+        self.out = torch.mm(self.a, self.b)
+        self.flops = 2 * settings.batch * settings.classes_scored("dhp") * settings.dim
+        self.seconds: list[float] = []
+
+    def time_one(self) -> None:
+        dist.barrier()
+        synchronize(self.device)
+        start = time.perf_counter()
+        torch.mm(self.a, self.b, out=self.out)
+        synchronize(self.device)
+        self.seconds.append(time.perf_counter() - start)
+
+    def gflops(self) -> float:
+        return self.flops / fmean(self.seconds) / 1e9
 
 
-def run_mode(settings: ClassifierBenchSettings, mode: str) -> list[dict]:
+def run_variant(settings: ClassifierBenchSettings, mode: str, logits: str) -> list[dict]:
+    """Per-rank results of one (mode, logits) run in fresh processes."""
     with tempfile.TemporaryDirectory() as tmp:
         result_path = str(Path(tmp) / "result.json")
-        spawn_local_workers(_worker, settings.ranks, settings, mode, result_path)
+        spawn_local_workers(_worker, settings.ranks, settings, mode, logits, result_path)
         return json.loads(Path(result_path).read_text())
 
 
-def summarize(settings: ClassifierBenchSettings, per_mode: dict[str, list[dict]]) -> dict:
-    """One row per mode (worst rank for time and memory) plus the ratios we track."""
-    rows = {}
-    for mode, ranks in per_mode.items():
-        step_s = max(r["step_s"] for r in ranks)
-        executed_flops = 8 * max(r["rows_scored"] * r["num_classes_local"] for r in ranks) * settings.dim
-        rows[mode] = dict(
-            step_s=step_s,
-            weight_grad_sync_s=max(r["weight_grad_sync_s"] for r in ranks),
-            peak_mib=max(r["peak_bytes"] for r in ranks) / MIB,
-            peak_above_baseline_mib=max(r["peak_above_baseline_bytes"] for r in ranks) / MIB,
-            gflops_per_rank=executed_flops / step_s / 1e9,
-        )
-    dhp, replicated = rows["dhp"], rows["replicated"]
-    matmul = min(r["matmul_gflops"] for r in per_mode["dhp"])
+def summarize_run(settings: ClassifierBenchSettings, mode: str, logits: str, ranks: list[dict]) -> dict:
+    """One row: the worst rank for time and memory, the slowest rank's matmul as the roofline."""
+    step_s = max(r["step_s"] for r in ranks)
+    useful_gflops = settings.useful_flops(mode) / step_s / 1e9
+    matmul_gflops = min(r["matmul_gflops"] for r in ranks)
+    return dict(
+        mode=mode,
+        logits=logits,
+        cache_bytes=settings.cache_bytes(mode) if logits == "cache" else 0,
+        step_s=step_s,
+        weight_grad_sync_s=max(r["weight_grad_sync_s"] for r in ranks),
+        peak_mib=max(r["peak_bytes"] for r in ranks) / MIB,
+        peak_above_baseline_mib=max(r["peak_above_baseline_bytes"] for r in ranks) / MIB,
+        useful_gflops_per_rank=useful_gflops,
+        matmul_gflops_per_rank=matmul_gflops,
+        useful_fraction_of_matmul=useful_gflops / matmul_gflops,
+    )
+
+
+def summarize(settings: ClassifierBenchSettings, runs: list[dict]) -> dict:
+    by_key = {(run["mode"], run["logits"]): run for run in runs}
     return dict(
         settings=asdict(settings),
         device="cuda" if torch.cuda.is_available() else "cpu",
-        modes=rows,
-        matmul_gflops_per_rank=matmul,
-        dhp_speedup=replicated["step_s"] / dhp["step_s"],
-        replicated_over_dhp_memory=replicated["peak_above_baseline_mib"] / dhp["peak_above_baseline_mib"],
-        dhp_fraction_of_matmul=dhp["gflops_per_rank"] / matmul,
+        useful_flops_per_rank=settings.useful_flops("dhp"),
+        runs=runs,
+        dhp_speedup={logits: by_key["ddp", logits]["step_s"] / by_key["dhp", logits]["step_s"] for logits in LOGITS},
+        ddp_over_dhp_memory={
+            logits: by_key["ddp", logits]["peak_above_baseline_mib"] / by_key["dhp", logits]["peak_above_baseline_mib"]
+            for logits in LOGITS
+        },
     )
 
 
 def format_report(summary: dict) -> str:
     s = summary["settings"]
+    cache_mib = max(run["cache_bytes"] for run in summary["runs"]) / MIB
     lines = [
         f"classifier step: N={s['num_classes']:,} B={s['batch']} D={s['dim']} T={s['ranks']} "
         f"chunk={s['chunk_size']} dtype={s['dtype']} on {summary['device']} "
         f"(mean of {s['steps']} steps after {s['warmup']} warm-up; worst rank)",
-        f"{'mode':<11}{'step s':>9}{'W-grad sync s':>15}{'peak MiB':>11}{'peak-base MiB':>15}{'GFLOP/s/rank':>14}",
+        f"useful work per rank and step: 6*B*D*N/T = {summary['useful_flops_per_rank'] / 1e9:.1f} GFLOP; "
+        f"logits cache: {cache_mib:.0f} MiB per rank",
+        f"{'mode':<6}{'logits':<11}{'step s':>8}{'W-grad sync s':>15}{'peak MiB':>10}{'peak-base MiB':>15}"
+        f"{'useful GFLOP/s':>16}{'matmul GFLOP/s':>16}{'useful/matmul':>15}",
     ]
-    for mode, row in summary["modes"].items():
+    for run in summary["runs"]:
         lines.append(
-            f"{mode:<11}{row['step_s']:>9.3f}{row['weight_grad_sync_s']:>15.3f}{row['peak_mib']:>11.0f}"
-            f"{row['peak_above_baseline_mib']:>15.0f}{row['gflops_per_rank']:>14.1f}"
+            f"{run['mode']:<6}{run['logits']:<11}{run['step_s']:>8.3f}{run['weight_grad_sync_s']:>15.3f}"
+            f"{run['peak_mib']:>10.0f}{run['peak_above_baseline_mib']:>15.0f}{run['useful_gflops_per_rank']:>16.1f}"
+            f"{run['matmul_gflops_per_rank']:>16.1f}{100 * run['useful_fraction_of_matmul']:>14.0f}%"
         )
+    speedup, memory = summary["dhp_speedup"], summary["ddp_over_dhp_memory"]
     lines += [
-        f"plain matmul [B,D]x[D,N/T], same processes: {summary['matmul_gflops_per_rank']:.1f} GFLOP/s/rank",
-        f"DHP speed-up over replicated:      {summary['dhp_speedup']:.2f}x",
-        f"replicated / DHP memory (peak-base): {summary['replicated_over_dhp_memory']:.2f}x",
-        f"DHP step vs matmul roofline:       {100 * summary['dhp_fraction_of_matmul']:.0f}%",
+        "(GFLOP/s are per rank; matmul: a plain [B,D]x[D,N/T] torch.mm in the same processes)",
+        f"DHP speed-up over DDP:            {speedup['recompute']:.2f}x recompute, {speedup['cache']:.2f}x cache",
+        f"DDP / DHP memory (peak-base):     {memory['recompute']:.2f}x recompute, {memory['cache']:.2f}x cache",
     ]
     return "\n".join(lines)
 
 
 def run(settings: ClassifierBenchSettings) -> dict:
-    per_mode = {mode: run_mode(settings, mode) for mode in ("dhp", "replicated")}
-    return summarize(settings, per_mode)
+    runs = [summarize_run(settings, mode, logits, run_variant(settings, mode, logits))
+            for mode in MODES for logits in LOGITS]
+    return summarize(settings, runs)

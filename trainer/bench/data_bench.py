@@ -1,8 +1,9 @@
-"""`instcls bench data`: images/s of the DALI loader and the fallback loader on the same shards,
-with the same views, batch size and number of CPU threads (DALI threads = DataLoader workers)."""
+"""`instcls bench data`: images/s of the DALI loader and the PIL + torchvision fallback on the same
+shards, with the same views, batch size and number of CPU threads (DALI threads = DataLoader workers)."""
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 import time
 from dataclasses import dataclass
@@ -11,7 +12,8 @@ from pathlib import Path
 import torch
 
 from data_pipeline.augment import AugmentConfig
-from data_pipeline.loader import LoaderConfig, build_loader
+from data_pipeline.config import LoaderConfig
+from data_pipeline.loader import build_loader
 from data_pipeline.shards import ShardSettings, write_shards
 from data_pipeline.sources import synthetic
 
@@ -36,8 +38,8 @@ def _images_per_second(shard_dir: Path, backend: str, settings: DataBenchSetting
     config = LoaderConfig(batch_size=settings.batch, backend=backend, num_threads=settings.threads, augment=augment)
     loader = build_loader(shard_dir, config, rank=0, world_size=1, device=device, train=True)
     images, start = 0, None
-    while True:  # several epochs if the shard set is small
-        for batch in loader:
+    for epoch in itertools.count():  # several epochs if the shard set is small
+        for batch in loader.epoch_batches(epoch):
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             if start is None and images >= settings.warmup * settings.batch:
@@ -68,6 +70,6 @@ def format_report(settings: DataBenchSettings, summary: dict) -> str:
         f"{settings.batches} batches after {settings.warmup} warm-up",
         f"{'loader':<28}{'images/s':>10}",
         f"{'DALI':<28}{summary['dali_images_per_s']:>10.1f}",
-        f"{'webdataset + torchvision':<28}{summary['torch_images_per_s']:>10.1f}",
+        f"{'PIL + torchvision':<28}{summary['torch_images_per_s']:>10.1f}",
         f"DALI / fallback: {summary['dali_over_torch']:.2f}x",
     ])

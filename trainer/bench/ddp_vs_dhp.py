@@ -1,6 +1,6 @@
 """`instcls bench ddp-vs-dhp`: the paper's Table 1 / Figure 3 on this machine.
 
-For each mode (DDP = ``replicated``, DHP = ``dhp``) the number of classes N grows geometrically
+For each mode (DDP: replicated W, DHP: sharded W) the number of classes N grows geometrically
 until a step fails to allocate under the per-rank memory cap, then the boundary is bisected.  Each
 point runs in fresh processes (so peaks and the cap are per point) and records, per rank, the
 outcome, peak memory, and step time split into compute and classifier communication.
@@ -22,7 +22,6 @@ from trainer.observability.memory import peak_since, reset_peak
 from trainer.parallel import init_distributed
 from trainer.parallel.launch import spawn_local_workers
 
-MODES = {"ddp": "replicated", "dhp": "dhp"}
 GIB = 2**30
 
 
@@ -32,6 +31,7 @@ class SweepSettings:
     batch: int = 256  # global
     dim: int = 128
     chunk_size: int = 65536
+    logits_cache_bytes: int = 0  # per rank; 0 recomputes the logits in the backward
     cap_gib: float = 2.0  # per rank
     start_classes: int = 100_000
     growth: float = 2.0
@@ -46,9 +46,9 @@ class SweepSettings:
 
     def spec(self, mode: str, num_classes: int) -> StepSpec:
         return StepSpec(num_classes=num_classes, batch=self.batch, dim=self.dim, chunk_size=self.chunk_size,
-                        mode=MODES[mode], dtype=self.dtype, steps=self.steps, warmup=self.warmup,
-                        update_in_backward=self.update_in_backward and mode == "dhp", backbone=self.backbone,
-                        image_size=self.image_size)
+                        mode=mode, logits_cache_bytes=self.logits_cache_bytes, dtype=self.dtype, steps=self.steps,
+                        warmup=self.warmup, update_in_backward=self.update_in_backward and mode == "dhp",
+                        backbone=self.backbone, image_size=self.image_size)
 
 
 def _point_worker(settings: SweepSettings, mode: str, num_classes: int, result_dir: str) -> None:
@@ -162,7 +162,8 @@ def format_table(settings: SweepSettings, points: dict[str, list[dict]], summary
     lines = [
         f"DDP vs DHP, T={settings.ranks} ranks, global batch {settings.batch}, D={settings.dim}, "
         f"chunk {settings.chunk_size}, cap {cap}" + (f", backbone {settings.backbone}" if settings.backbone else "")
-        + (", DHP updates W inside the backward" if settings.update_in_backward else ""),
+        + (", DHP updates W inside the backward" if settings.update_in_backward else "")
+        + (f", logits cache {settings.logits_cache_bytes / GIB:g} GiB/rank" if settings.logits_cache_bytes else ""),
         "",
         "| method | largest N trained | first N that failed (OOM) | memory/rank there | step there (compute + comm) |",
         "|---|---|---|---|---|",

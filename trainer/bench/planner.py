@@ -1,7 +1,8 @@
 """`instcls plan`: per-GPU (or per-rank) memory of a job, before it is launched.
 
 The classifier part is first-principles: W, its gradient and SGD momentum for the rows a rank
-holds, plus the chunk workspace of ``ChunkWorkspace`` (logits and weight buffers).  On this
+holds, the chunk workspace of ``ChunkWorkspace`` (logits and weight buffers), and the logits cache
+(fp32 ``exp(z)`` of every scored sample and class) when its budget holds it.  On this
 machine it is within 1-6% of the measured peaks of `bench ddp-vs-dhp` above a few MiB (a test
 holds it to 15%).  The backbone part counts parameters, gradients and momentum with ZeRO's
 partitioning, and activations as the bytes autograd saves for backward, found by running one
@@ -17,6 +18,7 @@ from functools import lru_cache
 
 import torch
 
+from trainer.classifier.chunk_workspace import LogitsCache
 from trainer.models import ModelConfig, build_model
 
 GIB = 2**30
@@ -32,6 +34,7 @@ class PlanInput:
     batch: int = 4096  # global images per step
     dim: int = 128
     chunk_size: int = 65536
+    logits_cache_bytes: int = 0  # the classifier's budget: the cache exists only if it fits whole
     dtype: str = "float32"  # dtype of features / backbone compute
     momentum: bool = True
     update_in_backward: bool = False  # DHP: W's gradient never materialised
@@ -46,6 +49,8 @@ class PlanInput:
             raise ValueError(f"--mode {self.mode!r}: choose ddp or dhp")
         if self.ranks < 1 or self.batch % self.ranks:
             raise ValueError(f"--batch {self.batch} must be a multiple of --ranks {self.ranks}")
+        if self.logits_cache_bytes < 0:
+            raise ValueError("--logits-cache-gib must be >= 0 (0 recomputes the logits in the backward)")
         if self.update_in_backward and self.mode != "dhp":
             raise ValueError("--update-in-backward applies to dhp only (ddp must all-reduce W's gradient first)")
 
@@ -62,11 +67,13 @@ def classifier_breakdown(plan: PlanInput) -> dict[str, int]:
     low_precision = plan.dtype != "float32"
     workspace = scored * chunk * (4 + (_element_size(plan.dtype) if low_precision else 0)) + 2 * chunk * plan.dim * 4
     workspace += chunk * 4 + scored * plan.dim * (4 + _element_size(plan.dtype))  # norms, gathered features + grad
+    cache = LogitsCache.size_bytes(scored, rows)
     return {
         "classifier weights": shard,
         "classifier gradients": 0 if plan.update_in_backward else shard,
         "classifier momentum": shard if plan.momentum else 0,
         "logits/activations (chunk workspace)": workspace,
+        "logits cache": cache if cache <= plan.logits_cache_bytes else 0,
     }
 
 

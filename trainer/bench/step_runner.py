@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from statistics import fmean
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -26,7 +27,8 @@ class StepSpec:
     batch: int  # global images per step (batch / T per rank)
     dim: int = 128
     chunk_size: int = 65536
-    mode: str = "dhp"
+    mode: str = "dhp"  # "dhp" (sharded W) or "ddp" (replicated W, the baseline)
+    logits_cache_bytes: int = 0  # keep the forward's logits for the backward when they fit (0: recompute)
     dtype: str = "float32"
     steps: int = 3
     warmup: int = 1
@@ -38,10 +40,9 @@ class StepSpec:
 @dataclass
 class StepStats:
     step_s: float
-    comm_s: float  # classifier collectives + (replicated) the W-gradient all-reduce
+    comm_s: float  # classifier collectives + (ddp) the W-gradient all-reduce
     weight_grad_sync_s: float
     num_classes_local: int
-    rows_scored: int
 
 
 def synchronize(device: torch.device) -> None:
@@ -49,12 +50,14 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_steps(spec: StepSpec, dims: ParallelDims) -> StepStats:
+def run_steps(spec: StepSpec, dims: ParallelDims, after_step: Callable[[], None] | None = None) -> StepStats:
+    """Warm-up, then timed steps; ``after_step`` runs after each timed step, outside its timing (the
+    bench times its matmul roofline there, so both see the same moments of a noisy machine)."""
     device, dtype = dims.device, getattr(torch, spec.dtype)
     local_batch = spec.batch // dims.world_size
     classifier = ShardedCosineClassifier(
         ClassifierConfig(num_classes=spec.num_classes, feature_dim=spec.dim, chunk_size=spec.chunk_size,
-                         mode=spec.mode, validate_inputs=False),
+                         mode=spec.mode, logits_cache_bytes=spec.logits_cache_bytes, validate_inputs=False),
         dims,
     )
     if spec.update_in_backward:
@@ -97,8 +100,9 @@ def run_steps(spec: StepSpec, dims: ParallelDims) -> StepStats:
             step_times.append(time.perf_counter() - start)
             comm_times.append(classifier.comm_timer.drain())
             sync_times.append(sync_s)
+            if after_step is not None:
+                after_step()
     return StepStats(
         step_s=fmean(step_times), comm_s=fmean(comm_times), weight_grad_sync_s=fmean(sync_times),
         num_classes_local=classifier.num_classes_local,
-        rows_scored=spec.batch if spec.mode == "dhp" else local_batch,
     )

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from trainer.classifier.softmax_ce import SmoothingForm
 
-MODES = ("dhp", "replicated")
+MODES = ("dhp", "ddp")
 
 
 @dataclass
@@ -19,8 +19,7 @@ class ClassifierConfig:
         temperature: tau of the cosine softmax (the paper uses 0.15).
         chunk_size: classes scored at once; activation memory is O(batch * chunk_size).
         mode: "dhp" shards W by class range over the classifier group and all-gathers features;
-            "replicated" is the DDP baseline: full W on every rank, local batch, W's gradient
-            all-reduced.
+            "ddp" is the baseline: full W on every rank, local batch, W's gradient all-reduced.
         smoothing_alpha: alpha of the top-K hardest label smoothing; 0 disables it.
         smoothing_top_k: K, hard negatives per instance (the paper uses 100).
         smoothing_form: "paper" (Eq. 3, weights inside the log) or "soft_target" (the usual
@@ -28,6 +27,9 @@ class ClassifierConfig:
         init_std: standard deviation of the Gaussian initial weights.
         init_seed: seed of the initial weights; rows depend only on (seed, global row), so the
             same seed gives the same W under any sharding.
+        logits_cache_bytes: keep the chunk logits of the forward for the backward when they fit in
+            this many bytes per rank, instead of recomputing them (one matmul fewer per step);
+            0 always recomputes.
         validate_inputs: check ids, shapes and equal batch sizes on every call (costs a host
             sync and one tiny all-reduce; a trainer may disable it after the first steps).
         backbone_grads_averaged: the gradient sent back to the features assumes the backbone's
@@ -47,6 +49,7 @@ class ClassifierConfig:
     smoothing_form: str = "paper"
     init_std: float = 0.01
     init_seed: int = 0
+    logits_cache_bytes: int = 0
     validate_inputs: bool = True
     backbone_grads_averaged: bool = True
 
@@ -75,6 +78,7 @@ class ClassifierConfig:
         valid_forms = tuple(form.value for form in SmoothingForm)
         need(self.smoothing_form in valid_forms, "smoothing_form", f"choose one of {valid_forms}")
         need(self.init_std > 0, "init_std", "use a positive standard deviation (e.g. 0.01)")
+        need(self.logits_cache_bytes >= 0, "logits_cache_bytes", "use 0 (recompute) or a byte budget")
 
     @property
     def form(self) -> SmoothingForm:

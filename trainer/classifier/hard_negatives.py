@@ -4,9 +4,8 @@ Search (once per epoch): every rank queries with its own rows.  Each shard in tu
 to the group and searched with the local queries (faiss on the CPU, chunked matmul + topk on
 CUDA), keeping a running top-K, so no rank holds more than two shards and no N x N matrix exists.
 
-Lookup (every step): the table is sharded like W (rows of the classes a rank owns).  A step needs
-the hard negatives of its local samples, whose owners are anywhere: ids are gathered over the
-classifier group, each owner fills the rows it has, and one SUM all-reduce completes the table.
+Lookup (every step): ``HardNegativeIndex`` keeps each table entry on the rank that owns the
+*negative*, so the targets of the gathered batch are found locally (see its docstring).
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainer.classifier.sharding import ClassShard
-from trainer.parallel.collectives import Group, all_reduce_, gather_rows, group_rank, group_size
+from trainer.parallel.collectives import Group, group_rank, group_size
 
 
 def _block_top_k(
@@ -89,26 +88,60 @@ def search_hard_negatives(
     return best_ids
 
 
-class HardNegativeTable:
-    """The search result, sharded like W, with the per-step lookup for a local batch."""
+class HardNegativeIndex:
+    """The search result, stored where each *negative* lives, so a step needs no communication.
 
-    def __init__(self, local_table: torch.Tensor, shard: ClassShard, group: Group) -> None:
-        self.local_table = local_table
+    The search leaves each rank with the K hard negatives of the instances it owns (the owner-side
+    table, ``[N_local, K]`` global ids, which is what checkpoints keep).  A step, however, needs on
+    each rank the hard negatives that fall in *its* class range, for every gathered sample.  So the
+    table is inverted once per search (one all-to-all of O(N*K/T) entries): every rank keeps the
+    (instance, slot, local column) triples whose negative it owns, sorted by instance.  The per-step
+    lookup is then a local ``searchsorted`` over the gathered ids: no all-reduce, no second gather.
+    """
+
+    def __init__(self, owner_table: torch.Tensor, shard: ClassShard, group: Group) -> None:
+        self.owner_table = owner_table  # [N_local, K] global ids of the K hardest negatives of each local row
         self.shard = shard
-        self.group = group
-
-    @property
-    def top_k(self) -> int:
-        return self.local_table.shape[1]
+        self.top_k = owner_table.shape[1]
+        self._instances, self._slots, self._columns = _invert(owner_table, shard, group)
 
     @torch.no_grad()
-    def lookup(self, instance_ids: torch.Tensor) -> torch.Tensor:
-        """``[b, K]`` hard negatives of this rank's samples (one gather + one all-reduce)."""
-        all_ids = gather_rows(instance_ids, self.group)
-        owned = self.shard.is_local(all_ids)
-        rows = (all_ids - self.shard.class_start).clamp(0, self.shard.num_classes_local - 1)
-        table = torch.where(owned[:, None], self.local_table[rows], 0)
-        all_reduce_(table, dist.ReduceOp.SUM, self.group)  # exactly one owner contributes each row
-        local = instance_ids.shape[0]
-        start = group_rank(self.group) * local
-        return table[start : start + local]
+    def local_columns(self, instance_ids: torch.Tensor) -> torch.Tensor:
+        """``[B, K]``: column ``k`` is the local row of the k-th hard negative of each instance when
+        this rank owns it, else -1 (the same layout as the owner-side table)."""
+        device = instance_ids.device
+        ids = instance_ids.long()
+        first = torch.searchsorted(self._instances, ids)
+        counts = torch.searchsorted(self._instances, ids, right=True) - first
+        sample = torch.repeat_interleave(torch.arange(ids.shape[0], device=device), counts)
+        # Entry j of sample s sits at first[s] + (j - the number of entries of earlier samples).
+        offset_in_run = torch.arange(sample.shape[0], device=device) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
+        entries = first[sample] + offset_in_run
+        out = torch.full((ids.shape[0], self.top_k), -1, dtype=torch.int64, device=device)
+        out[sample, self._slots[entries]] = self._columns[entries]
+        return out
+
+
+def _invert(owner_table: torch.Tensor, shard: ClassShard, group: Group) -> tuple[torch.Tensor, ...]:
+    """``(instances, slots, local columns)`` of the table entries whose negative this rank owns,
+    sorted by instance id; the entries travel to their negative's owner in one all-to-all."""
+    device = owner_table.device
+    rows, top_k = owner_table.shape
+    instances = (torch.arange(rows, device=device) + shard.class_start).repeat_interleave(top_k)
+    slots = torch.arange(top_k, device=device).repeat(rows)
+    negatives = owner_table.reshape(-1)
+    owners = shard.owner_of(negatives)
+    order = torch.argsort(owners, stable=True)
+    packed = torch.stack([instances, slots, negatives])[:, order]
+    if group is not None and group_size(group) > 1:
+        send_counts = torch.bincount(owners, minlength=group_size(group))
+        receive_counts = torch.empty_like(send_counts)
+        dist.all_to_all_single(receive_counts, send_counts, group=group)
+        received = torch.empty(int(receive_counts.sum()), 3, dtype=torch.int64, device=device)
+        # all_to_all splits along dim 0, so each entry travels as one row of 3 fields.
+        dist.all_to_all_single(received, packed.t().contiguous(), receive_counts.tolist(), send_counts.tolist(),
+                               group=group)
+        packed = received.t()
+    instances, slots, negatives = packed
+    order = torch.argsort(instances, stable=True)
+    return instances[order], slots[order], negatives[order] - shard.class_start

@@ -23,20 +23,27 @@ class InBackwardSGD(torch.optim.Optimizer):
         self.weight = weight
 
     @torch.no_grad()
-    def apply_rows(self, start: int, end: int, grad_rows: torch.Tensor) -> None:
-        """Update rows ``[start, end)`` of the weight with their gradient (modified in place)."""
+    def apply_rows(self, rows: slice | torch.Tensor, grad_rows: torch.Tensor) -> None:
+        """Update ``rows`` of the weight (a slice, or distinct int64 indices of sampled rows) with
+        their gradient; ``grad_rows`` is modified in place."""
         settings = self.param_groups[0]
-        rows = self.weight.data[start:end]
+        weight = self.weight.data
         if settings["weight_decay"]:
-            grad_rows.add_(rows, alpha=settings["weight_decay"])
+            grad_rows.add_(weight[rows], alpha=settings["weight_decay"])
         state = self.state[self.weight]
         if settings["momentum"]:
             if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros_like(self.weight.data)
-            buffer = state["momentum_buffer"][start:end]
-            buffer.mul_(settings["momentum"]).add_(grad_rows)
-            grad_rows = buffer
-        rows.sub_(grad_rows, alpha=settings["lr"])
+                state["momentum_buffer"] = torch.zeros_like(weight)
+            buffer = state["momentum_buffer"]
+            # A slice is a view updated in place; indexed rows are a copy, written back after.
+            rows_buffer = buffer[rows].mul_(settings["momentum"]).add_(grad_rows)
+            if not isinstance(rows, slice):
+                buffer.index_copy_(0, rows, rows_buffer)
+            grad_rows = rows_buffer
+        if isinstance(rows, slice):
+            weight[rows].sub_(grad_rows, alpha=settings["lr"])
+        else:
+            weight.index_add_(0, rows, grad_rows, alpha=-settings["lr"])
 
     def step(self, closure=None):
         """Nothing to do: the backward pass already applied the update."""

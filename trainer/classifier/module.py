@@ -1,4 +1,4 @@
-"""The instance classifier as an ``nn.Module``: DHP (class-sharded) or replicated (DDP baseline).
+"""The instance classifier as an ``nn.Module``: DHP (class-sharded) or DDP (replicated, the baseline).
 
 DHP, per step on rank r of a classifier group of size T::
 
@@ -8,11 +8,12 @@ DHP, per step on rank r of a classifier group of size T::
 The weight gradient stays on its rank; only when several classifier groups replicate the
 classifier is it averaged over the ranks holding the same shard (``reduce_weight_grad``).
 
-Replicated: every rank holds all of W, scores only its local batch, and ``reduce_weight_grad``
+DDP: every rank holds all of W, scores only its local batch, and ``reduce_weight_grad``
 all-reduces (averages) the full N x D gradient over all ranks, which is what DDP would do.
 
 Loss scale: DHP returns the mean over the classifier group's batch (the same on each of its ranks);
-replicated returns the mean over the local batch.  Either way, after ``reduce_weight_grad`` W's
+DDP returns the mean over the local batch; padding repeats (``valid`` False) count in neither
+(see ``_loss_denominator``).  Either way, after ``reduce_weight_grad`` W's
 gradient is that of the mean over the whole global batch, and averaging backbone gradients over
 all ranks gives the backbone's exact gradient of that mean (see ``backbone_grads_averaged``).
 """
@@ -25,9 +26,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.classifier.config import ClassifierConfig
+from trainer.classifier.hard_negatives import HardNegativeIndex
 from trainer.classifier.in_backward_sgd import InBackwardSGD
 from trainer.classifier.sharding import ClassShard
-from trainer.classifier.softmax_ce import ShardedCosineSoftmaxCE
+from trainer.classifier.kernel import KernelSettings, sharded_cosine_ce
 from trainer.classifier.validation import check_inputs_on_all_ranks, local_input_problem
 from trainer.parallel.collectives import CommTimer, all_gather_rows_with_grad, all_reduce_, gather_rows, group_size, scale_grad
 from trainer.parallel.dims import ParallelDims
@@ -70,6 +72,8 @@ class ShardedCosineClassifier(nn.Module):
             self.shard.class_start, self.shard.num_classes_local, config.feature_dim, config.init_std, config.init_seed
         )
         self.weight = nn.Parameter(rows.to(dims.device))
+        self.kernel_settings = KernelSettings(temperature=config.temperature, chunk_size=config.chunk_size,
+                                              form=config.smoothing_form, logits_cache_bytes=config.logits_cache_bytes)
         self.comm_timer = CommTimer()  # time in this classifier's collectives (drained by the trainer)
         self.update_in_backward = None
 
@@ -103,7 +107,9 @@ class ShardedCosineClassifier(nn.Module):
         self,
         features: torch.Tensor,
         instance_ids: torch.Tensor,
-        hard_negative_ids: torch.Tensor | None = None,
+        hard_negatives: torch.Tensor | HardNegativeIndex | None = None,
+        valid: torch.Tensor | None = None,
+        global_valid: int | None = None,
         validate: bool | None = None,
     ) -> torch.Tensor:
         """Loss of a local batch.
@@ -111,55 +117,69 @@ class ShardedCosineClassifier(nn.Module):
         Args:
             features: ``[b, D]`` un-normalised head outputs of this rank (fp32/bf16/fp16).
             instance_ids: ``[b]`` global instance ids (the targets).
-            hard_negative_ids: ``[b, K]`` hard negatives per sample; used only when
-                ``smoothing_alpha > 0`` (before the first search there are none: pass ``None``).
+            hard_negatives: used only when ``smoothing_alpha > 0`` (before the first search there
+                are none: pass ``None``). Either explicit ``[b, K]`` ids per sample, gathered with the
+                ids, or a ``HardNegativeIndex``, looked up locally with no communication.
+            valid: ``[b]`` bool; False marks padding repeats (the last batch of an epoch), which add
+                nothing to the loss or to any gradient.
+            global_valid: valid samples over *all* ranks this step (the sampler knows it without
+                communication).  With padding it makes the loss exactly the mean over the valid
+                samples of the global batch, whatever the classifier-group layout; without it the
+                groups are assumed to hold equal numbers of valid samples.
             validate: check the inputs on this call (collective; default ``config.validate_inputs``).
                 A trainer checks on log steps only, where it syncs anyway.
         """
         config = self.config
-        use_smoothing = config.smoothing_alpha > 0 and hard_negative_ids is not None
+        use_smoothing = config.smoothing_alpha > 0 and hard_negatives is not None
+        explicit_negatives = hard_negatives if use_smoothing and isinstance(hard_negatives, torch.Tensor) else None
         if config.validate_inputs if validate is None else validate:
-            problem = local_input_problem(
-                features,
-                instance_ids,
-                hard_negative_ids if use_smoothing else None,
-                config.num_classes,
-                config.feature_dim,
-            )
+            problem = local_input_problem(features, instance_ids, explicit_negatives, config.num_classes,
+                                          config.feature_dim)
             check_inputs_on_all_ranks(problem, features.shape[0], self.dims.data_parallel_group, features.device)
 
-        targets, target_weights = self._targets(instance_ids, hard_negative_ids if use_smoothing else None)
+        if valid is None:
+            valid = torch.ones_like(instance_ids, dtype=torch.bool)
+        # One gather carries the ids, the valid marks and any explicit hard negatives.
+        columns = [instance_ids.long()[:, None], valid.long()[:, None]]
+        if explicit_negatives is not None:
+            columns.append(explicit_negatives.long())
+        gathered = gather_rows(torch.cat(columns, dim=1), self.group, self.comm_timer)
+        all_ids, all_valid = gathered[:, 0], gathered[:, 1].to(torch.float32)
+        targets = gathered[:, :1] if explicit_negatives is None else gathered[:, [0, *range(2, gathered.shape[1])]]
+        target_cols = torch.where(self.shard.is_local(targets), targets - self.class_start, -1)
+        if use_smoothing and explicit_negatives is None:
+            target_cols = torch.cat([target_cols, hard_negatives.local_columns(all_ids)], dim=1)
+
         features = scale_grad(F.normalize(features, dim=1), self.feature_grad_scale)
         features = all_gather_rows_with_grad(features, self.group, self.comm_timer)
-        targets = gather_rows(targets, self.group, self.comm_timer)
-        target_cols = torch.where(self.shard.is_local(targets), targets - self.class_start, -1)
-        per_sample = ShardedCosineSoftmaxCE.apply(
-            features,
-            self.weight,
-            target_cols,
-            target_weights.expand(targets.shape[0], -1),
-            config.temperature,
-            config.chunk_size,
-            config.form,
-            self.group,
-            self.comm_timer,
-            self.update_in_backward,
-        )
-        return per_sample.mean()
+        target_weights = self._target_weights(target_cols.shape[1] - 1, features.device)
+        per_sample = sharded_cosine_ce(features, self.weight, target_cols, target_weights.expand(target_cols.shape[0], -1),
+                                       self.kernel_settings, self.group, self.comm_timer,
+                                       update_in_backward=self.update_in_backward)
+        return (per_sample * all_valid).sum() / self._loss_denominator(all_valid, global_valid)
 
-    def _targets(
-        self, instance_ids: torch.Tensor, hard_negative_ids: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Target ids ``[b, 1 + K]`` (instance first) and their weights ``[1, 1 + K]``."""
-        ids = instance_ids.long()[:, None]
-        device = instance_ids.device
-        if hard_negative_ids is None:
-            return ids, torch.ones(1, 1, device=device)
+    def _target_weights(self, top_k: int, device: torch.device) -> torch.Tensor:
+        """``[1, 1 + K]``: the instance's ``1 - alpha``, then ``alpha / K`` per hard negative."""
+        if top_k == 0:
+            return torch.ones(1, 1, device=device)
         alpha = self.config.smoothing_alpha
-        top_k = hard_negative_ids.shape[1]
         weights = torch.full((1, 1 + top_k), alpha / top_k, device=device)
         weights[0, 0] = 1.0 - alpha
-        return torch.cat([ids, hard_negative_ids.long()], dim=1), weights
+        return weights
+
+    def _loss_denominator(self, scored_valid: torch.Tensor, global_valid: int | None):
+        """What the sum of this rank's scored losses is divided by.
+
+        Every rank's loss is its replica group's share of the global mean, scaled so that averaging
+        gradients over the replicas (``reduce_weight_grad``; DeepSpeed for the backbone) gives the
+        exact gradient of the mean over all valid samples: ``n_global / replicas`` with ``replicas``
+        the number of classifier groups (DHP) or of ranks (DDP).  With full batches this is the
+        mean over the scored batch, as before.
+        """
+        replicas = self.dims.world_size // group_size(self.group)
+        if global_valid is None:
+            return scored_valid.sum().clamp_min(1.0)  # on the device: no host sync
+        return max(global_valid, 1) / replicas
 
     @torch.no_grad()
     def reduce_weight_grad(self) -> None:
@@ -170,13 +190,3 @@ class ShardedCosineClassifier(nn.Module):
         if self.weight.grad is not None and self.grad_group is not None:
             self.weight.grad.div_(group_size(self.grad_group))
             all_reduce_(self.weight.grad, dist.ReduceOp.SUM, self.grad_group, self.comm_timer)
-
-    @torch.no_grad()
-    def load_full_weight(self, full_weight: torch.Tensor) -> None:
-        """Copy this rank's rows out of a full ``[N, D]`` matrix."""
-        if full_weight.shape != (self.config.num_classes, self.config.feature_dim):
-            raise ValueError(
-                f"full weight has shape {tuple(full_weight.shape)}, expected "
-                f"({self.config.num_classes}, {self.config.feature_dim})"
-            )
-        self.weight.copy_(full_weight[self.class_start : self.shard.class_end])

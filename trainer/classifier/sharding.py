@@ -64,12 +64,6 @@ class ClassShard:
             remainder + torch.div(class_ids - big_span, base, rounding_mode="floor"),
         )
 
-    def local_row(self, class_ids: torch.Tensor) -> torch.Tensor:
-        """Row of each id in *its owner's* shard (use with ``owner_of``)."""
-        owner = self.owner_of(class_ids)
-        starts = owner * self._base + torch.clamp(owner, max=self._remainder)
-        return class_ids - starts
-
     def is_local(self, class_ids: torch.Tensor) -> torch.Tensor:
         """Boolean mask of the ids this shard owns."""
         return (class_ids >= self.class_start) & (class_ids < self.class_end)

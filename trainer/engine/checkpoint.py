@@ -3,16 +3,21 @@
 Layout of ``<dir>/step_000001234/`` (written as ``step_000001234.tmp/`` and renamed by rank 0 only
 when every rank has finished, so a directory without ``.tmp`` is always complete)::
 
-    trainer.json                    epoch, step, data position, schedule, world layout
+    trainer.json                    the trainer's state (epoch, step, ...) and the world layout
     deepspeed/                      DeepSpeed engine state (saved by all ranks)
     model.pt                        consolidated fp32 backbone + head (for eval and resharding)
-    classifier/shard-XXXXX.pt       rows [class_start, class_end): weight, SGD momentum, hard negatives
+    components/NAME/rank-XXXXX.pt   each component's own state (objective, sampler, ...)
     rng/rank-XXXXX.pt               python / numpy / torch RNG states of each rank
 
-Loading with the same world size restores everything exactly.  With another world size the
-classifier rows, their momentum and hard negatives are re-split by class range; the backbone
-weights come from ``model.pt`` and its optimizer momentum restarts (logged), because ZeRO
-partitions that state by data-parallel rank.  The directory must be on storage every rank sees.
+Components are objects with ``state_dict()`` / ``load_state_dict()``; this module knows none of
+them by name.  In a component's state, tensors wrapped in ``ShardedRows`` are rows
+``[start, end)`` of a larger tensor: each row is written once (by its ``primary`` holder), and on
+load every rank reads the rows its *live* component asks for from whichever saved files hold
+them, so a checkpoint written by T ranks loads on any T'.  Other values are read back from the
+same rank's file, or rank 0's when that rank did not exist.  With the same world size the
+DeepSpeed state restores the backbone exactly; with another, the backbone weights come from
+``model.pt`` and its optimizer momentum restarts (logged), because ZeRO partitions that state by
+data-parallel rank.  The directory must be on storage every rank sees.
 """
 
 from __future__ import annotations
@@ -22,29 +27,25 @@ import os
 import random
 import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import deepspeed
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from trainer.classifier import ClassShard, ShardedCosineClassifier
+from trainer.objectives.base import ShardedRows
 from trainer.parallel import ParallelDims
 
 _NAME = re.compile(r"^step_(\d{9})$")
+_ROWS_TAG = "__sharded_rows__"
 
 
-@dataclass
-class TrainerState:
-    """Where training stands; ``step_in_epoch`` batches of ``epoch`` are already done."""
+class Stateful(Protocol):
+    def state_dict(self) -> dict: ...
 
-    epoch: int = 0
-    step_in_epoch: int = 0
-    global_step: int = 0
-    hard_negatives_epoch: int = -1  # epoch whose search produced the saved table (-1: none)
-    prior_done: bool = False
+    def load_state_dict(self, state: dict) -> None: ...
 
 
 def _barrier(dims: ParallelDims) -> None:
@@ -73,27 +74,85 @@ def resolve_resume(resume: str | None, directory: Path) -> Path | None:
     return path
 
 
-def _shard_name(index: int) -> str:
-    return f"shard-{index:05d}.pt"
+def checkpoint_name(step: int) -> str:
+    return f"step_{step:09d}"
 
 
-def save_checkpoint(
-    directory: Path,
-    state: TrainerState,
-    engine,
-    classifier: ShardedCosineClassifier,
-    classifier_optimizer: torch.optim.Optimizer,
-    hard_negatives: torch.Tensor | None,
-    dims: ParallelDims,
-    keep: int,
-) -> Path:
+def _rank_file(rank: int) -> str:
+    return f"rank-{rank:05d}.pt"
+
+
+# -- encoding a component's state (ShardedRows <-> plain dicts that weights_only loading accepts) --
+
+def _encode(value):
+    if isinstance(value, ShardedRows):
+        rows = value.rows.detach().cpu() if value.rows is not None and value.primary else None
+        return {_ROWS_TAG: True, "start": value.start, "end": value.end, "total": value.total,
+                "present": value.rows is not None, "rows": rows}
+    if isinstance(value, dict):
+        return {key: _encode(item) for key, item in value.items()}
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    return value
+
+
+def _is_rows(value) -> bool:
+    return isinstance(value, dict) and value.get(_ROWS_TAG) is True
+
+
+def _decode(template, saved_files: list[dict], own: dict, path: str, device: torch.device):
+    """The live ``template`` filled from the saved files (``own``: this rank's, or rank 0's)."""
+    if isinstance(template, ShardedRows):
+        return ShardedRows(_assemble_rows(template, saved_files, path, device), template.start, template.end,
+                           template.total, template.primary)
+    if isinstance(template, dict):
+        if not isinstance(own, dict):
+            raise ValueError(f"checkpoint state {path or 'root'} is not a mapping; was it written by another version?")
+        missing = [key for key in template if key not in own]
+        if missing:
+            raise ValueError(f"checkpoint state {path or 'root'} lacks {missing}; was it written by another objective?")
+        return {key: _decode(template[key], [f[key] for f in saved_files], own[key], _join(path, key), device)
+                for key in template}
+    return own
+
+
+def _assemble_rows(template: ShardedRows, saved: list[dict], path: str, device: torch.device):
+    """Rows ``[template.start, template.end)`` from whichever saved pieces cover them (None if the
+    state did not exist when the checkpoint was written)."""
+    if not all(_is_rows(piece) for piece in saved):
+        raise ValueError(f"checkpoint state {path} is not row-sharded")
+    if saved[0]["total"] != template.total:
+        raise ValueError(f"checkpoint state {path} has {saved[0]['total']} rows but this run needs {template.total} "
+                         "(a different data set?); resume with the shard set the checkpoint was trained on")
+    if not saved[0]["present"]:
+        return None
+    pieces, covered = [], template.start
+    for piece in sorted((p for p in saved if p["rows"] is not None), key=lambda p: p["start"]):
+        lo, hi = max(piece["start"], covered), min(piece["end"], template.end)
+        if lo < hi:
+            pieces.append(piece["rows"][lo - piece["start"] : hi - piece["start"]])
+            covered = hi
+    if covered != template.end:
+        raise ValueError(f"checkpoint state {path}: rows [{covered}, {template.end}) are in no saved file")
+    return torch.cat(pieces).to(device)
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+# -- save / load ---------------------------------------------------------------------------------
+
+def save_checkpoint(directory: Path, step: int, engine, components: dict[str, Stateful], trainer_meta: dict,
+                    dims: ParallelDims, keep: int) -> Path:
     """Collective: every rank calls it.  Returns the final path."""
     directory = Path(directory)
-    final = directory / f"step_{state.global_step:09d}"
+    final = directory / checkpoint_name(step)
     tmp = final.with_name(final.name + ".tmp")
     if dims.rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)  # left by a run that died while saving
-        (tmp / "classifier").mkdir(parents=True)
+        for name in components:
+            (tmp / "components" / name).mkdir(parents=True)
         (tmp / "rng").mkdir()
     _barrier(dims)
 
@@ -103,28 +162,16 @@ def save_checkpoint(
         if dims.rank == 0:
             full = {k: v.detach().float().cpu().clone() for k, v in engine.module.state_dict().items()}
             torch.save(full, tmp / "model.pt")
-    if dims.rank < dims.classifier_parallel_size:  # one copy of each shard (replicas are identical)
-        momentum = classifier_optimizer.state.get(classifier.weight, {}).get("momentum_buffer")
-        torch.save(
-            {
-                "class_start": classifier.class_start,
-                "class_end": classifier.shard.class_end,
-                "num_classes": classifier.config.num_classes,
-                "weight": classifier.weight.detach().cpu(),
-                "momentum": None if momentum is None else momentum.cpu(),
-                "hard_negatives": None if hard_negatives is None else hard_negatives.cpu(),
-            },
-            tmp / "classifier" / _shard_name(dims.classifier_rank),
-        )
+    for name, component in components.items():
+        save_component(tmp, name, component, dims)
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state()
-    torch.save(rng, tmp / "rng" / f"rank-{dims.rank:05d}.pt")
+    torch.save(rng, tmp / "rng" / _rank_file(dims.rank))
     _barrier(dims)
 
     if dims.rank == 0:
-        meta = dict(vars(state), world_size=dims.world_size, classifier_parallel_size=dims.classifier_parallel_size,
-                    num_classes=classifier.config.num_classes)
+        meta = dict(trainer_meta, world_size=dims.world_size, classifier_parallel_size=dims.classifier_parallel_size)
         (tmp / "trainer.json").write_text(json.dumps(meta, indent=1))
         if final.exists():  # the same step from an earlier run started with --resume none
             shutil.rmtree(final)
@@ -135,74 +182,56 @@ def save_checkpoint(
     return final
 
 
-def _load_rows(path: Path, shard: ClassShard, device: torch.device) -> dict[str, torch.Tensor | None]:
-    """Rows ``[shard.class_start, shard.class_end)`` of weight / momentum / hard negatives, read
-    from however many saved shards overlap them."""
-    meta = json.loads((path / "trainer.json").read_text())
-    if meta["num_classes"] != shard.num_classes:
-        raise ValueError(
-            f"{path} holds a {meta['num_classes']}-way classifier but the data has {shard.num_classes} instances; "
-            "resume with the shard set the checkpoint was trained on"
-        )
-    pieces: dict[str, list[torch.Tensor | None]] = {"weight": [], "momentum": [], "hard_negatives": []}
-    for index in range(meta["classifier_parallel_size"]):
-        saved = ClassShard(shard.num_classes, meta["classifier_parallel_size"], index)
-        lo, hi = max(saved.class_start, shard.class_start), min(saved.class_end, shard.class_end)
-        if lo >= hi:
-            continue
-        blob = torch.load(path / "classifier" / _shard_name(index), map_location="cpu", mmap=True, weights_only=True)
-        for key in pieces:
-            value = blob[key]
-            pieces[key].append(None if value is None else value[lo - saved.class_start : hi - saved.class_start])
-    return {
-        key: None if any(v is None for v in values) else torch.cat(values).to(device)
-        for key, values in pieces.items()
-    }
+def save_component(path: Path, name: str, component: Stateful, dims: ParallelDims) -> None:
+    """This rank's part of one component (its folder must exist)."""
+    torch.save(_encode(component.state_dict()), Path(path) / "components" / name / _rank_file(dims.rank))
 
 
-def load_checkpoint(
-    path: Path,
-    engine,
-    classifier: ShardedCosineClassifier,
-    classifier_optimizer: torch.optim.Optimizer,
-    dims: ParallelDims,
-    seed: int,
-    log=print,
-) -> tuple[TrainerState, torch.Tensor | None]:
-    """Restore a checkpoint into this run's layout; returns the trainer state and the local
-    hard-negative rows (or None)."""
+def read_trainer_meta(path: Path) -> dict:
+    return json.loads((Path(path) / "trainer.json").read_text())
+
+
+def load_component(path: Path, name: str, component: Stateful, dims: ParallelDims, device: torch.device) -> None:
+    """Restore one component into this run's layout (any world size)."""
+    folder = Path(path) / "components" / name
+    files = sorted(folder.glob("rank-*.pt"))
+    if not files:
+        raise FileNotFoundError(f"{folder}: the checkpoint has no state for '{name}'")
+    saved = [torch.load(f, map_location="cpu", mmap=True, weights_only=True) for f in files]
+    own_file = folder / _rank_file(dims.rank)
+    own = saved[files.index(own_file)] if own_file in files else saved[0]
+    component.load_state_dict(_decode(component.state_dict(), saved, own, "", device))
+
+
+def load_engine(path: Path, engine, dims: ParallelDims, log=print) -> None:
+    """The backbone: exact DeepSpeed state on the same world size, else the weights of model.pt."""
     path = Path(path)
-    meta = json.loads((path / "trainer.json").read_text())
-    same_world = meta["world_size"] == dims.world_size
-    if same_world:
+    meta = read_trainer_meta(path)
+    if meta["world_size"] == dims.world_size:
         engine.load_checkpoint(str(path / "deepspeed"), tag="state", load_lr_scheduler_states=False)
-    else:
-        log(f"resuming {path} written by {meta['world_size']} ranks on {dims.world_size}: classifier re-split by "
-            "class range; backbone weights from model.pt, backbone optimizer momentum restarts")
-        state_dict = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
-        parameters = list(engine.module.parameters())
-        with deepspeed.zero.GatheredParameters(parameters, modifier_rank=0):
-            if dims.rank == 0 or engine.zero_optimization_stage() < 3:
-                engine.module.load_state_dict(state_dict)
+        return
+    log(f"resuming {path} written by {meta['world_size']} ranks on {dims.world_size}: objective state re-split by "
+        "rows; backbone weights from model.pt, backbone optimizer momentum restarts")
+    state_dict = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
+    parameters = list(engine.module.parameters())
+    with deepspeed.zero.GatheredParameters(parameters, modifier_rank=0):
+        if dims.rank == 0 or engine.zero_optimization_stage() < 3:
+            engine.module.load_state_dict(state_dict)
 
-    rows = _load_rows(path, classifier.shard, classifier.weight.device)
-    with torch.no_grad():
-        classifier.weight.copy_(rows["weight"])
-    if rows["momentum"] is not None:
-        classifier_optimizer.state[classifier.weight]["momentum_buffer"] = rows["momentum"]
 
-    rng_file = path / "rng" / f"rank-{dims.rank:05d}.pt"
-    if same_world and rng_file.is_file():
-        rng = torch.load(rng_file, weights_only=False)
+def load_rng(path: Path, dims: ParallelDims, seed: int, step: int) -> None:
+    """This rank's RNG states when the world size is unchanged, else a fresh seed for (step, rank)."""
+    path = Path(path)
+    rng_file = path / "rng" / _rank_file(dims.rank)
+    if read_trainer_meta(path)["world_size"] == dims.world_size and rng_file.is_file():
+        rng = torch.load(rng_file, weights_only=False)  # python/numpy RNG states are not tensors
         random.setstate(rng["python"])
         np.random.set_state(rng["numpy"])
         torch.set_rng_state(rng["torch"])
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng["cuda"])
     else:
-        reseed(seed, meta["global_step"], dims.rank)
-    fields = {k: meta[k] for k in vars(TrainerState()) if k in meta}
-    return TrainerState(**fields), rows["hard_negatives"]
+        reseed(seed, step, dims.rank)
 
 
 def reseed(seed: int, step: int, rank: int) -> None:

@@ -45,10 +45,6 @@ def engine_dtype(engine) -> torch.dtype:
     return torch.bfloat16 if engine.bfloat16_enabled() else torch.float32
 
 
-def zero_stage(engine) -> int:
-    return engine.zero_optimization_stage()
-
-
 def plain_model_from_engine(engine, fresh_model: nn.Module) -> nn.Module:
     """``fresh_model`` (same architecture) loaded with the engine's weights in fp32, on every rank.
 

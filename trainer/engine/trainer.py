@@ -1,13 +1,13 @@
-"""The training job: DeepSpeed backbone + head, the sharded classifier, the paper's two techniques,
-checkpoints, metrics and a clean stop on SIGTERM.
+"""The training job: DeepSpeed backbone + head, one objective, checkpoints, metrics, a clean stop.
 
 One step on each rank::
 
-    views -> engine (backbone + head, ZeRO) -> features [V*b, D]
-          -> classifier (DHP: all-gather, chunked CE, 2 all-reduces) -> loss
+    views -> engine (backbone + head, ZeRO) -> features per view [b, D]
+          -> objective.loss(StepViews)                 # e.g. the sharded instance classifier
     engine.backward(loss); engine.step()             # backbone grads averaged over all ranks
-    classifier.reduce_weight_grad(); sgd.step()      # shard grads stay local (or replica-averaged)
+    objective.after_backward(); its optimizers step  # objective parameters live outside ZeRO
 
+The trainer never names a method: everything method-specific is behind ``trainer.objectives``.
 Host syncs happen only on log steps (loss value, input validation, NaN check, comm timers) and
 for the one tiny CPU all-reduce per step that agrees on SIGTERM.
 """
@@ -23,21 +23,30 @@ from tqdm import tqdm
 
 from data_pipeline.loader import build_loader
 from data_pipeline.manifest import ShardManifest
-from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
-from trainer.classifier.hard_negatives import HardNegativeTable, search_hard_negatives
 from trainer.config import JobConfig
-from trainer.engine.checkpoint import TrainerState, load_checkpoint, reseed, resolve_resume, save_checkpoint
+from trainer.engine.checkpoint import (
+    checkpoint_name, load_component, load_engine, load_rng, read_trainer_meta, reseed, resolve_resume, save_checkpoint,
+)
 from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, load_deepspeed_config, plain_model_from_engine
 from trainer.engine.preemption import NonFiniteWatch, StopSignal
-from trainer.engine.prior import contrastive_prior
 from trainer.engine.schedule import LRSchedule, scaled_lr, set_lr
 from trainer.evaluation.features import bank_and_queries
 from trainer.evaluation.knn import knn_accuracy
-from trainer.launcher import mark_clean_stop
+from trainer.parallel.launch import mark_clean_stop
 from trainer.models import build_model
+from trainer.objectives import ObjectiveContext, OptimSettings, StepViews, View, build_objective, objective_parameters
 from trainer.observability.logs import JsonlLog, memory_readings
 from trainer.observability.metrics import TrainingMetrics
 from trainer.parallel import ParallelDims
+
+
+@dataclass
+class TrainerState:
+    """Where training stands; ``step_in_epoch`` batches of ``epoch`` are already done."""
+
+    epoch: int = 0
+    step_in_epoch: int = 0
+    global_step: int = 0
 
 
 @dataclass
@@ -53,9 +62,17 @@ class Trainer:
         self.config, self.dims = config, dims
         self.log = JsonlLog(config.logging.dir, dims.rank)
         manifest = ShardManifest.load(config.data.train_shards)
+        self.num_instances = manifest.num_instances
         loader_config = config.data.loader
         self.global_batch = loader_config.batch_size * dims.world_size
         peak_lr = scaled_lr(config.optim.base_lr, config.optim.base_batch, self.global_batch)
+
+        # The objective validates its settings against the data before DeepSpeed starts.
+        context = ObjectiveContext(
+            dims=dims, num_instances=manifest.num_instances, feature_dim=config.model.feature_dim, seed=config.seed,
+            optim=OptimSettings(momentum=config.optim.momentum, weight_decay=config.optim.weight_decay),
+        )
+        self.objective = build_objective(config.objective, context)
 
         reseed(config.seed, 0, 0)  # the same initial backbone on every rank
         model = build_model(config.model)
@@ -65,41 +82,24 @@ class Trainer:
         )
         self.dtype = engine_dtype(self.engine)
 
-        method, section = config.method, config.classifier
-        classifier_config = ClassifierConfig(
-            num_classes=manifest.num_instances, feature_dim=config.model.feature_dim, temperature=section.temperature,
-            chunk_size=section.chunk_size, mode=section.mode, smoothing_alpha=method.smoothing_alpha,
-            smoothing_top_k=method.smoothing_top_k, smoothing_form=section.smoothing_form,
-            init_std=section.init_std, init_seed=config.seed,
-        )
-        self.classifier = ShardedCosineClassifier(classifier_config, dims)
-        self.classifier_optimizer = torch.optim.SGD(
-            [self.classifier.weight], lr=peak_lr, momentum=config.optim.momentum,
-            weight_decay=config.optim.weight_decay, fused=True,
-        )
-
         self.train_loader = build_loader(config.data.train_shards, loader_config, dims.rank, dims.world_size,
                                          dims.device, train=True)
-        self.steps_per_epoch = len(self.train_loader)
+        self.steps_per_epoch = self.train_loader.steps_per_epoch
         total_steps = config.optim.epochs * self.steps_per_epoch
         self.schedule = LRSchedule(
             peak_lr=peak_lr, warmup_steps=round(config.optim.warmup_epochs * self.steps_per_epoch),
             total_steps=total_steps, min_lr=peak_lr * config.optim.min_lr_ratio,
         )
+        # Everything with checkpoint state besides the engine and the trainer's own counters.
+        self.components = {"objective": self.objective, "sampler": self.train_loader.sampler}
 
         self.state = TrainerState()
-        self.hard_negatives: HardNegativeTable | None = None
         self.last_checkpoint = resolve_resume(resume, config.checkpoint.dir)
         if self.last_checkpoint is not None:
-            self.state, table = load_checkpoint(self.last_checkpoint, self.engine, self.classifier,
-                                                self.classifier_optimizer, dims, config.seed, log=self._say)
-            if table is not None:
-                self.hard_negatives = HardNegativeTable(table.to(dims.device), self.classifier.shard, self.classifier.group)
-            self._say(f"resumed from {self.last_checkpoint} at epoch {self.state.epoch} step {self.state.global_step}")
+            self._restore(self.last_checkpoint)
 
         self.metrics = TrainingMetrics(dims.rank)
-        self.metrics.shard_classes.set(self.classifier.num_classes_local)
-        self.metrics.shard_bytes.set(self.classifier.weight.numel() * self.classifier.weight.element_size())
+        self.metrics.shard_bytes.set(sum(p.numel() * p.element_size() for p in objective_parameters(self.objective)))
         self.metrics.steps_per_epoch.set(self.steps_per_epoch)
         self.metrics.epochs_planned.set(config.optim.epochs)
         if config.logging.metrics_port:
@@ -114,48 +114,55 @@ class Trainer:
         if self.dims.rank == 0:
             tqdm.write(f"[instcls] {message}")
 
+    def _restore(self, path: Path) -> None:
+        meta = read_trainer_meta(path)
+        load_engine(path, self.engine, self.dims, log=self._say)
+        for name, component in self.components.items():
+            load_component(path, name, component, self.dims, self.dims.device)
+        self.state = TrainerState(**{key: meta[key] for key in vars(TrainerState())})
+        load_rng(path, self.dims, self.config.seed, self.state.global_step)
+        self._say(f"resumed from {path} at epoch {self.state.epoch} step {self.state.global_step}")
+
     def _save(self) -> Path:
-        if self.last_checkpoint is not None and self.last_checkpoint.name == f"step_{self.state.global_step:09d}" \
+        if self.last_checkpoint is not None and self.last_checkpoint.name == checkpoint_name(self.state.global_step) \
                 and self.last_checkpoint.parent == Path(self.config.checkpoint.dir):
             return self.last_checkpoint  # this step is already saved
         # ZeRO-3 keeps each rank's partition in ds_tensor; the check covers every rank's own part.
         local_parameters = [getattr(p, "ds_tensor", p) for p in self.engine.module.parameters()]
-        self.nonfinite.observe_parameters([self.classifier.weight, *local_parameters])
+        self.nonfinite.observe_parameters([*objective_parameters(self.objective), *local_parameters])
         self.nonfinite.check(self.dims.control_group, self.state.global_step, str(self.last_checkpoint or ""))
-        table = None if self.hard_negatives is None else self.hard_negatives.local_table
         self.last_checkpoint = save_checkpoint(
-            self.config.checkpoint.dir, self.state, self.engine, self.classifier, self.classifier_optimizer, table,
-            self.dims, self.config.checkpoint.keep,
+            self.config.checkpoint.dir, self.state.global_step, self.engine, self.components,
+            dict(vars(self.state), num_instances=self.num_instances), self.dims,
+            self.config.checkpoint.keep,
         )
         self._say(f"saved {self.last_checkpoint}")
         return self.last_checkpoint
 
-    def _smoothing_active(self, epoch: int) -> bool:
-        method = self.config.method
-        return method.smoothing_alpha > 0 and epoch >= method.smoothing_start_epoch
+    def _encode(self, images: torch.Tensor) -> torch.Tensor:
+        return self.engine(images.to(self.dtype))
 
-    def _refresh_hard_negatives(self, epoch: int) -> float:
-        start = time.perf_counter()
-        table = search_hard_negatives(self.classifier.weight.detach(), self.classifier.shard, self.classifier.group,
-                                      self.config.method.smoothing_top_k)
-        self.hard_negatives = HardNegativeTable(table, self.classifier.shard, self.classifier.group)
-        self.state.hard_negatives_epoch = epoch
-        return time.perf_counter() - start
-
-    def _run_prior(self) -> None:
-        start = time.perf_counter()
+    def _inference_batches(self):
         loader = build_loader(self.config.data.train_shards, self.config.data.loader, self.dims.rank,
                               self.dims.world_size, self.dims.device, train=False)
-        rows = contrastive_prior(self.engine, loader, self.classifier, self.dims, self.dtype)
-        self.state.prior_done = True
-        self._say(f"contrastive prior: wrote {rows} classifier rows in {time.perf_counter() - start:.1f}s")
+        return loader.epoch_batches(0)
+
+    def _objective_metrics(self) -> dict[str, float]:
+        """The objective's metrics, exported; its collective time feeds the comm counter."""
+        values = self.objective.metrics()
+        self.metrics.comm.inc(values.get("comm_seconds", 0.0))
+        for name, value in values.items():
+            self.metrics.objective.labels(self.metrics.rank, name).set(value)
+        return values
 
     # -- the loop --------------------------------------------------------------------------
 
     def train(self) -> TrainResult:
         config, state = self.config, self.state
-        if config.method.contrastive_prior and not state.prior_done and state.global_step == 0:
-            self._run_prior()
+        self.engine.train()  # the objective's start-up pass (e.g. the contrastive prior) sees train-mode BatchNorm
+        start = time.perf_counter()
+        self.objective.on_train_start(self._encode, self._inference_batches)
+        self._say(f"objective {config.objective.name} ready in {time.perf_counter() - start:.1f}s")
         stopped_by = "finished"
         try:
             while state.epoch < config.optim.epochs:
@@ -174,22 +181,16 @@ class Trainer:
         config, state, dims = self.config, self.state, self.dims
         epoch = state.epoch
         self.metrics.epoch.set(epoch)
-        search_seconds = 0.0
-        if self._smoothing_active(epoch) and state.hard_negatives_epoch != epoch:
-            search_seconds = self._refresh_hard_negatives(epoch)
-        use_smoothing = self._smoothing_active(epoch) and self.hard_negatives is not None
+        epoch_start = time.perf_counter()
+        self.objective.on_epoch_start(epoch)
         self.engine.train()
-        self.train_loader.set_epoch(epoch)
-        skip = state.step_in_epoch  # batches of this epoch done before a restart
-        bar = tqdm(total=self.steps_per_epoch, initial=skip, desc=f"epoch {epoch}", disable=not (
+        bar = tqdm(total=self.steps_per_epoch, initial=state.step_in_epoch, desc=f"epoch {epoch}", disable=not (
             config.logging.progress and dims.rank == 0), unit="step")
-        epoch_start = window_start = time.perf_counter()
+        window_start = time.perf_counter()
         window_images, window_wait = 0, 0.0
         wait_start = time.perf_counter()
-        for index, batch in enumerate(self.train_loader):
-            if index < skip:
-                wait_start = time.perf_counter()
-                continue
+        # The loader starts at the first step not yet done: nothing before it is read or decoded.
+        for batch in self.train_loader.epoch_batches(epoch, state.step_in_epoch):
             if config.max_steps is not None and state.global_step >= config.max_steps:
                 self._save()
                 bar.close()
@@ -197,7 +198,7 @@ class Trainer:
             data_wait = time.perf_counter() - wait_start
             step_start = time.perf_counter()
             log_step = (state.global_step + 1) % config.logging.log_every == 0 or state.global_step == 0
-            loss = self._step(batch, use_smoothing, validate=log_step)
+            loss = self._step(batch, validate=log_step)
             state.global_step += 1
             state.step_in_epoch += 1
             step_seconds = time.perf_counter() - step_start
@@ -225,41 +226,44 @@ class Trainer:
             wait_start = time.perf_counter()
         bar.close()
         epoch_seconds = time.perf_counter() - epoch_start
-        self.log.write(event="epoch", epoch=epoch, seconds=round(epoch_seconds, 3),
-                       hard_negative_search_seconds=round(search_seconds, 3),
-                       search_over_epoch=round(search_seconds / max(epoch_seconds, 1e-9), 4))
-        if search_seconds:
-            self._say(f"epoch {epoch}: hard-negative search {search_seconds:.2f}s = "
-                      f"{100 * search_seconds / epoch_seconds:.1f}% of the epoch's {epoch_seconds:.1f}s")
+        objective_metrics = self._objective_metrics()
+        self.log.write(event="epoch", epoch=epoch, seconds=round(epoch_seconds, 3), **objective_metrics)
+        self._say(f"epoch {epoch}: {epoch_seconds:.1f}s; objective: " +
+                  ", ".join(f"{name} {value:.4g}" for name, value in objective_metrics.items()))
         state.epoch += 1
         state.step_in_epoch = 0
         if config.checkpoint.every_epochs and state.epoch % config.checkpoint.every_epochs == 0:
             self._save()
         return "finished"
 
-    def _step(self, batch, use_smoothing: bool, validate: bool) -> torch.Tensor:
+    def _forward_views(self, batch) -> list[View]:
+        """Head features of every view; views of one size share a forward pass (multi-crop)."""
+        by_size: dict[int, list[int]] = {}
+        for index, view in enumerate(batch.views):
+            by_size.setdefault(view.shape[-1], []).append(index)
+        features: list[torch.Tensor | None] = [None] * len(batch.views)
+        for indices in by_size.values():
+            outputs = self.engine(torch.cat([batch.views[i] for i in indices]).to(self.dtype))
+            for index, output in zip(indices, outputs.chunk(len(indices))):
+                features[index] = output
+        return [View(features=f, kind=kind, index=i) for i, (f, kind) in enumerate(zip(features, batch.view_kinds))]
+
+    def _step(self, batch, validate: bool) -> torch.Tensor:
         lr = self.schedule.lr_at(self.state.global_step)
-        set_lr(self.backbone_optimizer, lr)
-        set_lr(self.classifier_optimizer, lr)
+        optimizers = self.objective.optimizers()
+        for optimizer in (self.backbone_optimizer, *optimizers):
+            set_lr(optimizer, lr)
         self.metrics.lr.set(lr)
-        # Views of one size share a forward pass (multi-crop small views get their own).
-        features, sizes = [], {}
-        for view in batch.views:
-            sizes.setdefault(view.shape[-1], []).append(view)
-        for group in sizes.values():
-            features.append(self.engine(torch.cat(group).to(self.dtype)))
-        features = torch.cat(features)
-        num_views = len(batch.views)
-        ids = batch.instance_ids.repeat(num_views)
-        hard = None
-        if use_smoothing:
-            hard = self.hard_negatives.lookup(batch.instance_ids).repeat(num_views, 1)
-        loss = self.classifier(features, ids, hard, validate=validate)
+        step = StepViews(views=self._forward_views(batch), instance_ids=batch.instance_ids, valid=batch.valid,
+                         global_valid=batch.global_valid, epoch=self.state.epoch, step=self.state.global_step,
+                         validate=validate)
+        loss = self.objective.loss(step).loss
         self.engine.backward(loss)
         self.engine.step()
-        self.classifier.reduce_weight_grad()
-        self.classifier_optimizer.step()
-        self.classifier_optimizer.zero_grad(set_to_none=True)
+        self.objective.after_backward()
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         self.nonfinite.observe(loss)
         return loss.detach()
 
@@ -267,13 +271,13 @@ class Trainer:
         self.nonfinite.check(self.dims.control_group, self.state.global_step, str(self.last_checkpoint or ""))
         loss_value = float(loss)
         memory = memory_readings(self.dims.device)
-        comm = self.classifier.comm_timer.drain()
+        objective_metrics = self._objective_metrics()
         self.metrics.loss.set(loss_value)
         self.metrics.set_memory(memory)
-        self.metrics.comm.inc(comm)
         self.log.write(event="step", epoch=self.state.epoch, step=self.state.global_step, loss=round(loss_value, 5),
                        lr=self.schedule.lr_at(self.state.global_step - 1), images_per_s=round(images_per_second, 2),
-                       data_wait_s=round(data_wait, 4), classifier_comm_s=round(comm, 4), memory_bytes=memory)
+                       data_wait_s=round(data_wait, 4), memory_bytes=memory,
+                       **{f"objective_{name}": round(value, 4) for name, value in objective_metrics.items()})
 
     # -- evaluation ------------------------------------------------------------------------
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import torch
 
-from data_pipeline.loader import LoaderConfig, build_loader
+from data_pipeline.config import LoaderConfig
+from data_pipeline.loader import build_loader
 from trainer.models.backbone import InstanceModel
 from trainer.parallel import ParallelDims
 from trainer.parallel.collectives import gather_rows
@@ -23,7 +24,7 @@ def extract_features(
     model.eval()
     loader = build_loader(shard_dir, loader_config, dims.rank, dims.world_size, dims.device, train=False)
     features, labels, ids = [], [], []
-    for batch in loader:
+    for batch in loader.epoch_batches(0):
         group = dims.data_parallel_group
         valid = gather_rows(batch.valid, group).cpu()
         features.append(gather_rows(model.backbone_features(batch.views[0]).float(), group).cpu()[valid])

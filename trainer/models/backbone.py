@@ -49,7 +49,6 @@ class InstanceModel(nn.Module):
             nn.ReLU(inplace=True),
             nn.Linear(config.head_hidden_dim, config.feature_dim),
         )
-        self.backbone_dim = backbone_dim
 
     def backbone_features(self, images: torch.Tensor) -> torch.Tensor:
         return self.backbone(images)

@@ -19,9 +19,9 @@ METRIC_NAMES = (
     "instcls_loss",
     "instcls_learning_rate",
     "instcls_memory_bytes",
-    "instcls_classifier_shard_classes",
     "instcls_classifier_shard_bytes",
     "instcls_classifier_comm_seconds_total",
+    "instcls_objective_metric",
     "instcls_epoch",
     "instcls_epoch_progress_ratio",
     "instcls_steps_per_epoch",
@@ -51,9 +51,11 @@ class TrainingMetrics:
         self.loss = gauge("instcls_loss", "Training loss at the last log step.")
         self.lr = gauge("instcls_learning_rate", "Current learning rate.")
         self.memory = gauge("instcls_memory_bytes", "Memory of this rank (CUDA allocated/reserved, or CPU RSS).", ["kind"])
-        self.shard_classes = gauge("instcls_classifier_shard_classes", "Classes held by this rank's classifier shard.")
-        self.shard_bytes = gauge("instcls_classifier_shard_bytes", "Bytes of this rank's classifier weight shard.")
-        self.comm = counter("instcls_classifier_comm_seconds_total", "Time in the classifier's collectives.")
+        self.shard_bytes = gauge("instcls_classifier_shard_bytes",
+                                 "Bytes of the parameters this rank's objective trains (e.g. its classifier shard).")
+        self.comm = counter("instcls_classifier_comm_seconds_total", "Time in the objective's collectives.")
+        self.objective = gauge("instcls_objective_metric", "A metric the training objective reports (label: metric).",
+                               ["metric"])
         self.epoch = gauge("instcls_epoch", "Current epoch (0-based).")
         self.epoch_progress = gauge("instcls_epoch_progress_ratio", "Fraction of the current epoch done.")
         self.steps_per_epoch = gauge("instcls_steps_per_epoch", "Steps in one epoch on this rank.")

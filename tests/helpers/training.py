@@ -1,4 +1,5 @@
-"""Run `instcls train` under torchrun in a subprocess, on the digits shards, into a temp dir."""
+"""Run `instcls train` under torchrun in a subprocess, on the digits shards, into a temp dir, and
+read back what its checkpoints hold."""
 
 from __future__ import annotations
 
@@ -40,6 +41,9 @@ def _free_port() -> int:
     return free_port()
 
 
+FAST = ["data.loader.batch_size=64", "optim.epochs=4", "optim.warmup_epochs=1"]
+
+
 def run_train(run_dir: Path, shards, nproc: int, overrides: list[str], resume: str = "none", timeout: int = 600):
     result = subprocess.run(train_command(run_dir, shards, nproc, overrides, resume), cwd=REPO, capture_output=True,
                             text=True, timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1"))
@@ -55,14 +59,18 @@ def latest_checkpoint(run_dir: Path) -> Path:
 
 
 def classifier_rows(checkpoint: Path) -> dict[str, torch.Tensor]:
-    """Full weight / momentum / hard-negative tables of a checkpoint, concatenated over its shards."""
-    meta = json.loads((checkpoint / "trainer.json").read_text())
-    shards = [torch.load(checkpoint / "classifier" / f"shard-{i:05d}.pt", weights_only=True)
-              for i in range(meta["classifier_parallel_size"])]
-    assert shards[0]["class_start"] == 0 and shards[-1]["class_end"] == meta["num_classes"]
-    for before, after in zip(shards, shards[1:]):
-        assert before["class_end"] == after["class_start"]
-    return {key: torch.cat([s[key] for s in shards]) for key in ("weight", "momentum", "hard_negatives")}
+    """Full weight / momentum / hard-negative tables of a checkpoint, put together from the row
+    ranges its ranks saved (each row must be saved exactly once, every row by some rank)."""
+    files = sorted((checkpoint / "components" / "objective").glob("rank-*.pt"))
+    states = [torch.load(f, weights_only=True) for f in files]
+    tables = {}
+    for key in ("weight", "momentum", "hard_negatives"):
+        pieces = sorted((s[key] for s in states if s[key]["rows"] is not None), key=lambda piece: piece["start"])
+        assert pieces[0]["start"] == 0 and pieces[-1]["end"] == pieces[0]["total"], f"{key}: rows missing"
+        for before, after in zip(pieces, pieces[1:]):
+            assert before["end"] == after["start"], f"{key}: rows saved twice or not at all"
+        tables[key] = torch.cat([piece["rows"] for piece in pieces])
+    return tables
 
 
 def step_losses(run_dir: Path) -> list[float]:

@@ -1,0 +1,79 @@
+"""What the DALI and the fallback loader share: the sample table, the sampler, the step reader,
+the epoch/step bookkeeping, and turning a step's pixels into a ``Batch``.
+
+A backend only implements ``_batches(epoch, steps)``: the views of those steps, in order, built
+from ``self.reader.read(epoch, step)``.  Nothing before ``steps.start`` is read or decoded, so a
+resumed run starts at its step at once and, the parameters being drawn per step, gets exactly
+the batches an uninterrupted run would have had.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from data_pipeline.batch import GLOBAL_VIEW, SMALL_VIEW, Batch
+from data_pipeline.config import LoaderConfig
+from data_pipeline.sample_table import sample_table
+from data_pipeline.sampler import EpochPermutationSampler, Sampler
+from data_pipeline.step_inputs import StepReader, StepSamples
+
+
+def default_sampler(num_samples: int, config: LoaderConfig, world_size: int, train: bool) -> EpochPermutationSampler:
+    """Training: a seeded permutation per epoch under ``config.last_batch``; evaluation: stored
+    order, padded (every sample is needed exactly once)."""
+    return EpochPermutationSampler(num_samples, world_size, config.batch_size, seed=config.seed, shuffle=train,
+                                   last_batch=config.last_batch if train else "pad")
+
+
+class IndexedLoader:
+    """Base of both backends; see ``data_pipeline.loader.build_loader`` for the public contract."""
+
+    def __init__(self, shard_dir: Path, config: LoaderConfig, rank: int, world_size: int, device: torch.device,
+                 train: bool, sampler: Sampler | None = None, read_threads: int = 1) -> None:
+        self.shard_dir, self.config, self.device, self.train = Path(shard_dir), config, device, train
+        self.rank, self.world_size = rank, world_size
+        table = sample_table(self.shard_dir)
+        self.num_instances = table.num_samples
+        self.sampler = sampler if sampler is not None else default_sampler(table.num_samples, config, world_size, train)
+        if (self.sampler.world_size, self.sampler.batch_size) != (world_size, config.batch_size):
+            raise ValueError(
+                f"{type(self.sampler).__name__} plans world_size={self.sampler.world_size}, batch_size="
+                f"{self.sampler.batch_size}, the loader runs world_size={world_size}, data.loader.batch_size="
+                f"{config.batch_size}; build the sampler with the loader's values"
+            )
+        self.steps_per_epoch = self.sampler.steps_per_epoch
+        augment = config.augment if train else None
+        self.reader = StepReader(table, self.sampler, rank, config.seed, augment, read_threads)
+        if train:
+            self.view_kinds = [GLOBAL_VIEW] * config.augment.num_views + [SMALL_VIEW] * config.augment.small_crops
+        else:
+            self.view_kinds = [GLOBAL_VIEW]
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch
+
+    def epoch_batches(self, epoch: int, start_step: int = 0) -> Iterator[Batch]:
+        """Batches of steps ``[start_step, steps_per_epoch)`` of ``epoch``; earlier steps are not read."""
+        if not 0 <= start_step <= self.steps_per_epoch:
+            raise ValueError(f"start_step={start_step} is outside [0, {self.steps_per_epoch}] (steps per epoch)")
+        steps = range(start_step, self.steps_per_epoch)
+        return self._batches(epoch, steps) if steps else iter(())
+
+    def _batches(self, epoch: int, steps: range) -> Iterator[Batch]:
+        raise NotImplementedError
+
+    def _batch(self, views: list[torch.Tensor], samples: StepSamples) -> Batch:
+        """``views`` must be tensors this loader owns (DALI reuses its buffers: copy first)."""
+        device = self.device
+        return Batch(
+            views=[view.to(device) for view in views],
+            view_kinds=list(self.view_kinds),
+            instance_ids=torch.from_numpy(samples.ids).to(device),
+            valid=torch.from_numpy(samples.valid).to(device),
+            global_valid=samples.global_valid,
+            step=samples.step,
+            labels=None if samples.labels is None else torch.from_numpy(samples.labels).to(device),
+        )

@@ -1,0 +1,102 @@
+"""One step of one rank, prepared in Python from ``(epoch, step)`` alone: the sampler's ids, the
+encoded images read by offset, and every augmentation parameter.  Both loader backends start from
+this, so they read the same samples and apply the same parameters; only decoding and pixel work
+differ (DALI graph vs PIL + torchvision)."""
+
+from __future__ import annotations
+
+import io
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from data_pipeline.augment import AugmentConfig
+from data_pipeline.sample_table import RECREATE, SampleTable
+from data_pipeline.sampler import Sampler
+from data_pipeline.view_params import ViewParams, augmentation_rng, draw_views, image_size
+
+
+@dataclass(frozen=True)
+class StepSamples:
+    """Who is in the step: ``ids`` int64 ``[b]`` and ``valid`` bool ``[b]`` of this rank,
+    ``global_valid`` over all ranks, ``labels`` int64 ``[b]`` (evaluation only)."""
+
+    step: int
+    ids: np.ndarray
+    valid: np.ndarray
+    global_valid: int
+    labels: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """``samples`` plus the encoded images (uint8 arrays) and, when training, each view's parameters."""
+
+    samples: StepSamples
+    jpegs: list[np.ndarray]
+    views: list[ViewParams]
+
+
+class StepReader:
+    """Turns ``(epoch, step)`` into ``StepInputs`` for one rank.
+
+    ``read_threads > 1`` reads the images of a step concurrently (``os.pread`` releases the GIL),
+    which hides per-file latency on network storage when one process feeds a fast GPU decoder.
+    """
+
+    def __init__(self, table: SampleTable, sampler: Sampler, rank: int, seed: int, augment: AugmentConfig | None,
+                 read_threads: int = 1) -> None:
+        self.table, self.sampler, self.rank, self.seed, self.augment = table, sampler, rank, seed, augment
+        self.read_threads = read_threads
+        self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (owning pid: threads do not survive a fork)
+
+    def _map(self, function, items) -> list:
+        if self.read_threads <= 1:
+            return [function(item) for item in items]
+        if self._pool is None or self._pool[0] != os.getpid():
+            self._pool = (os.getpid(), ThreadPoolExecutor(self.read_threads, thread_name_prefix="shard-read"))
+        return list(self._pool[1].map(function, items))
+
+    def _samples(self, epoch: int, step: int) -> StepSamples:
+        indices = self.sampler.step(epoch, step)
+        ids, valid = indices.ids[self.rank], indices.valid[self.rank]
+        out_of_range = ids[(ids < 0) | (ids >= self.table.num_samples)]
+        if out_of_range.size:
+            raise ValueError(f"{type(self.sampler).__name__} named ids {out_of_range[:5].tolist()} at epoch {epoch} "
+                             f"step {step}, outside the shard set's [0, {self.table.num_samples})")
+        labels = None if self.augment is not None else np.array(self._map(self.table.read_label, ids), dtype=np.int64)
+        return StepSamples(step, ids.astype(np.int64), valid.astype(bool), indices.global_valid, labels)
+
+    def _sized_jpeg(self, sample_id: int) -> tuple[np.ndarray, tuple[int, int]]:
+        data = self.table.read_jpeg(sample_id)
+        try:
+            size = image_size(data)
+        except Exception as error:  # PIL raises many types for bad data
+            unknown = isinstance(error, UnidentifiedImageError)
+            reason = "no known image header" if unknown else f"{type(error).__name__}: {error}"
+            raise ValueError(f"{self.table.describe(sample_id)}: .jpg is not a readable image ({reason}); "
+                             f"{RECREATE}") from error
+        return np.frombuffer(data, dtype=np.uint8), size
+
+    def read(self, epoch: int, step: int) -> StepInputs:
+        samples = self._samples(epoch, step)
+        jpegs, sizes = zip(*self._map(self._sized_jpeg, samples.ids.tolist()))
+        views = []
+        if self.augment is not None:
+            heights, widths = np.array(sizes, dtype=np.int64).T
+            views = draw_views(augmentation_rng(self.seed, epoch, step, self.rank), heights, widths, self.augment)
+        return StepInputs(samples, list(jpegs), views)
+
+    def undecodable(self, samples: StepSamples) -> str | None:
+        """The first sample of a step that PIL cannot fully decode, named by shard and key (for
+        turning a decoder's failure on a whole batch into an actionable message)."""
+        for sample_id in samples.ids.tolist():
+            try:
+                with Image.open(io.BytesIO(self.table.read_jpeg(sample_id))) as image:
+                    image.load()
+            except Exception as error:  # PIL raises many types for bad data
+                return f"{self.table.describe(sample_id)}: .jpg does not decode ({type(error).__name__}: {error})"
+        return None

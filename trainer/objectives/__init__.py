@@ -1,0 +1,15 @@
+"""Training methods, one ``Objective`` each, selected by ``objective: {name: ...}`` in the job config."""
+
+from trainer.objectives.base import (
+    OBJECTIVES, LossOut, Objective, ObjectiveConfig, ObjectiveContext, OptimSettings, ShardedRows, StepViews, View,
+    average_gradients, build_objective, objective_config_class, objective_parameters, register_objective,
+)
+from trainer.objectives.instance import InstanceConfig, InstanceObjective
+
+register_objective("instance", InstanceConfig, InstanceObjective)
+
+__all__ = [
+    "OBJECTIVES", "InstanceConfig", "InstanceObjective", "LossOut", "Objective", "ObjectiveConfig",
+    "ObjectiveContext", "OptimSettings", "ShardedRows", "StepViews", "View", "average_gradients",
+    "build_objective", "objective_config_class", "objective_parameters", "register_objective",
+]

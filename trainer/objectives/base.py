@@ -1,0 +1,210 @@
+"""The objective seam: every training method is one ``Objective``; the trainer only calls this.
+
+An objective owns its parameters and state (a classifier shard, prototypes, queues, tables) and
+answers five questions: which optimizers train its parameters (outside ZeRO; the backbone and head
+are ZeRO's), what to do when training and each epoch start, the loss of one step, what to do after
+backward (gradient averaging, lazy corrections), and its metrics.  Its checkpoint state is a
+nested dict in which row-sharded tensors are wrapped in ``ShardedRows``; ``engine.checkpoint``
+re-splits those by row range, so the state reloads on any number of ranks.
+
+A minimal objective (a replicated linear classifier over instance ids)::
+
+    @dataclass(frozen=True)
+    class LinearConfig(ObjectiveConfig):
+        name: str = "linear"
+
+    class Linear(Objective):
+        def __init__(self, config, context):
+            super().__init__(config, context)
+            self.fc = nn.Linear(context.feature_dim, context.num_instances).to(context.dims.device)
+            self.sgd = torch.optim.SGD(self.fc.parameters(), lr=0.0, momentum=context.optim.momentum)
+
+        def optimizers(self):
+            return [self.sgd]
+
+        def loss(self, step):
+            logits = self.fc(torch.cat([v.features.float() for v in step.views]))
+            ids = step.instance_ids.repeat(len(step.views))
+            return LossOut(F.cross_entropy(logits, ids))
+
+        def after_backward(self):
+            average_gradients(self.fc.parameters(), self.context.dims)   # it is replicated
+
+        def state_dict(self):
+            return {"fc": self.fc.state_dict()}
+
+        def load_state_dict(self, state):
+            self.fc.load_state_dict(state["fc"])
+
+    register_objective("linear", LinearConfig, Linear)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+import torch.distributed as dist
+
+from trainer.parallel import ParallelDims
+
+@dataclass(frozen=True)
+class ObjectiveConfig:
+    """Base of every objective's config section (``objective:`` in the job YAML).
+
+    Attributes:
+        name: which objective trains the network (see ``trainer.objectives.OBJECTIVES``).
+    """
+
+    name: str
+
+
+@dataclass(frozen=True)
+class OptimSettings:
+    """What an objective's own optimizers share with the backbone's (the schedule sets the lr)."""
+
+    momentum: float
+    weight_decay: float
+
+
+@dataclass(frozen=True)
+class ObjectiveContext:
+    """Everything an objective may use, passed explicitly (objectives never read globals).
+
+    Attributes:
+        dims: the parallel layout (ranks, classifier groups, device).
+        num_instances: N, instances in the training set.
+        feature_dim: D, width of the head's output.
+        seed: the job seed (initial weights depend only on it, never on the layout).
+        optim: momentum and weight decay of the job's SGD.
+    """
+
+    dims: ParallelDims
+    num_instances: int
+    feature_dim: int
+    seed: int
+    optim: OptimSettings
+
+
+@dataclass
+class View:
+    """Head features of one augmented view of every sample of the local batch."""
+
+    features: torch.Tensor  # [b, D] in the engine's dtype, with autograd history
+    kind: str  # "global" (large crop) or "small" (multi-crop)
+    index: int  # position among the loader's views (global views first)
+
+
+@dataclass
+class StepViews:
+    """The input of one step on one rank.
+
+    ``valid`` is False on padding repeats (the last batch of an epoch): they must contribute
+    nothing to the loss or to any update.  ``global_valid`` counts valid samples over all ranks
+    (from the sampler, so known without communication).  ``validate`` marks log steps, where
+    checking inputs (a host sync) is allowed."""
+
+    views: list[View]
+    instance_ids: torch.Tensor  # [b] int64
+    valid: torch.Tensor  # [b] bool
+    global_valid: int | None
+    epoch: int
+    step: int  # global step, 0-based
+    validate: bool = False
+
+
+@dataclass
+class LossOut:
+    loss: torch.Tensor  # scalar; the trainer runs the engine's backward through it
+
+
+@dataclass
+class ShardedRows:
+    """Rows ``[start, end)`` of a ``total``-row tensor held by this rank (``rows`` may be None while
+    the state does not exist yet).  ``primary`` is False on ranks whose rows duplicate another
+    rank's (replicas), so each row is written once."""
+
+    rows: torch.Tensor | None
+    start: int
+    end: int
+    total: int
+    primary: bool = True
+
+
+class Objective:
+    """Subclasses set what they need; the defaults do nothing."""
+
+    def __init__(self, config: ObjectiveConfig, context: ObjectiveContext) -> None:
+        self.config = config
+        self.context = context
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """Optimizers of this objective's parameters, stepped by the trainer after
+        ``after_backward`` with the learning rate of the shared schedule."""
+        return []
+
+    def on_train_start(self, encode: Callable[[torch.Tensor], torch.Tensor], inference_batches: Callable[[], Iterable]) -> None:
+        """Once before the first step of a run (also after a resume).  ``encode`` runs the network
+        (train mode, no grad is up to the caller); ``inference_batches()`` iterates the training set
+        once through the inference pipeline (``Batch`` objects with ``valid``)."""
+
+    def on_epoch_start(self, epoch: int) -> None:
+        """Before the first step of ``epoch`` (e.g. a hard-negative search)."""
+
+    def loss(self, step: StepViews) -> LossOut:
+        raise NotImplementedError
+
+    def after_backward(self) -> None:
+        """After the backward, before the optimizers step (gradient averaging, corrections)."""
+
+    def metrics(self) -> dict[str, float]:
+        """Host values for the log (called on log steps and at epoch ends).  ``comm_seconds``, if
+        present, is time spent in collectives since the last call."""
+        return {}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def objective_parameters(objective: Objective) -> list[torch.Tensor]:
+    """Every parameter the objective's optimizers train (for non-finite checks and byte counts)."""
+    return [p for optimizer in objective.optimizers() for group in optimizer.param_groups for p in group["params"]]
+
+
+@torch.no_grad()
+def average_gradients(parameters: Iterable[torch.Tensor], dims: ParallelDims) -> None:
+    """What DDP does: average the gradients of replicated parameters over all ranks."""
+    if not dims.is_distributed:
+        return
+    for parameter in parameters:
+        if parameter.grad is not None:
+            dist.all_reduce(parameter.grad, group=dims.data_parallel_group)
+            parameter.grad.div_(dims.world_size)
+
+
+@dataclass
+class _Registered:
+    config: type
+    objective: type
+
+
+OBJECTIVES: dict[str, _Registered] = {}
+
+
+def register_objective(name: str, config_class: type, objective_class: type) -> None:
+    """Make ``objective: {name: NAME}`` select ``objective_class`` configured by ``config_class``."""
+    OBJECTIVES[name] = _Registered(config_class, objective_class)
+
+
+def objective_config_class(name: str) -> type:
+    if name not in OBJECTIVES:
+        raise ValueError(f"name={name!r} is invalid: choose one of {sorted(OBJECTIVES)}")
+    return OBJECTIVES[name].config
+
+
+def build_objective(config: ObjectiveConfig, context: ObjectiveContext) -> Objective:
+    return OBJECTIVES[config.name].objective(config, context)
