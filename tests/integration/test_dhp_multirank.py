@@ -10,8 +10,7 @@ import itertools
 import pytest
 import torch
 
-from tests.reference import reference_grads, reference_loss
-from tests.unit.test_softmax_ce_single_rank import random_hard_negatives
+from tests.helpers.reference import random_hard_negatives, reference_grads, reference_loss
 from trainer.classifier import ClassifierConfig, ClassifierInputError, ShardedCosineClassifier, gaussian_rows
 from trainer.parallel import init_distributed
 from trainer.parallel.launch import spawn_local_workers

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from data_pipeline.config import LoaderConfig
 from data_pipeline.loader import build_loader
 from data_pipeline.augment import AugmentConfig
-from tests.reference import reference_loss
+from tests.helpers.reference import reference_loss
 from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
 from trainer.engine.deepspeed_setup import initialize_backbone, load_deepspeed_config
 from trainer.objectives.instance import contrastive_prior

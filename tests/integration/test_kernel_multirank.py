@@ -8,8 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from tests.reference import reference_grads
-from tests.unit.test_softmax_ce_single_rank import random_hard_negatives
+from tests.helpers.reference import random_hard_negatives, reference_grads
 from trainer.classifier.kernel import KernelSettings, sharded_cosine_ce
 from trainer.classifier.reductions import SampleColumns, reduce_over_ranks
 from trainer.parallel import init_distributed

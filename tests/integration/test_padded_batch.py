@@ -10,7 +10,7 @@ import itertools
 import pytest
 import torch
 
-from tests.reference import reference_grads
+from tests.helpers.reference import reference_grads
 from trainer.classifier import ClassifierConfig, ShardedCosineClassifier, gaussian_rows
 from trainer.parallel import init_distributed
 from trainer.parallel.launch import spawn_local_workers

@@ -4,8 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.reference import reference_grads
-from tests.unit.test_softmax_ce_single_rank import random_hard_negatives
+from tests.helpers.reference import random_hard_negatives, reference_grads
 from trainer.classifier.chunk_workspace import ChunkWorkspace
 from trainer.classifier.in_backward_sgd import InBackwardSGD
 from trainer.classifier.kernel import KernelSettings, sharded_cosine_ce
@@ -149,3 +148,29 @@ def test_bfloat16_features_use_the_same_paths(cache_bytes):
     torch.testing.assert_close(loss.double(), ref_loss, atol=2e-2, rtol=0)
     torch.testing.assert_close(grad_x.double(), ref_grad_x, atol=2e-2, rtol=5e-2)
     torch.testing.assert_close(grad_w.double(), ref_grad_w, atol=2e-2, rtol=5e-2)
+
+
+@pytest.mark.parametrize("cache_bytes", [0, WHOLE_CACHE])
+@pytest.mark.parametrize("form", ["paper", "soft_target"])
+def test_negative_and_zero_loss_weights_match_reference(cache_bytes, form):
+    """A loss backpropagated with per-sample weights of either sign (and zeros, like padding):
+    the recompute path carries the signs without a host sync, and must still be exact."""
+    features, weight, ids, hard, targets, weights = problem(NUM_ROWS, 0.2, seed=5)
+    sample_weights = torch.linspace(-1.0, 1.0, BATCH)  # negative, one exact zero, positive
+    settings = KernelSettings(temperature=TAU, chunk_size=6, form=form, logits_cache_bytes=cache_bytes)
+    loss, grad_x, grad_w = run_kernel(features, weight, targets, weights, settings, per_sample_scale=sample_weights)
+
+    x = features.double().requires_grad_()
+    w = weight.double().requires_grad_()
+    per_sample = torch.stack([reference_grads(x[i : i + 1], w, ids[i : i + 1], hard[i : i + 1], 0.2, TAU, form)[0]
+                              for i in range(BATCH)])  # detached per-sample losses, for the loss value
+    expected_loss = (per_sample * sample_weights.double()).sum()
+    expected_x = torch.zeros_like(x)
+    expected_w = torch.zeros_like(w)
+    for i in range(BATCH):
+        _, gx, gw = reference_grads(x[i : i + 1], w, ids[i : i + 1], hard[i : i + 1], 0.2, TAU, form)
+        expected_x[i] = gx[0] * sample_weights[i]
+        expected_w += gw * sample_weights[i]
+    torch.testing.assert_close(loss.double(), expected_loss, atol=1e-5, rtol=0)
+    torch.testing.assert_close(grad_x.double(), expected_x, atol=1e-5, rtol=0)
+    torch.testing.assert_close(grad_w.double(), expected_w, atol=1e-5, rtol=0)

@@ -4,20 +4,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.reference import reference_grads
+from tests.helpers.reference import random_hard_negatives, reference_grads
 from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
 from trainer.parallel import single_process_dims
 
 NUM_CLASSES, DIM, BATCH, TOP_K = 37, 8, 11, 5
-
-
-def random_hard_negatives(instance_ids, num_classes, top_k, generator):
-    """K distinct ids per row, never the row's own id."""
-    rows = []
-    for own in instance_ids.tolist():
-        others = torch.randperm(num_classes - 1, generator=generator)[:top_k]
-        rows.append(others + (others >= own))
-    return torch.stack(rows)
 
 
 def make_classifier(**overrides):

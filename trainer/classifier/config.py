@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainer.classifier.softmax_ce import SmoothingForm
+from trainer.classifier.kernel import MAX_ABS_LOGIT
+from trainer.classifier.losses import SmoothingForm
 
 MODES = ("dhp", "ddp")
 
@@ -23,7 +24,7 @@ class ClassifierConfig:
         smoothing_alpha: alpha of the top-K hardest label smoothing; 0 disables it.
         smoothing_top_k: K, hard negatives per instance (the paper uses 100).
         smoothing_form: "paper" (Eq. 3, weights inside the log) or "soft_target" (the usual
-            -sum y log p); see ``trainer.classifier.softmax_ce``.
+            -sum y log p); see ``trainer.classifier.losses``.
         init_std: standard deviation of the Gaussian initial weights.
         init_seed: seed of the initial weights; rows depend only on (seed, global row), so the
             same seed gives the same W under any sharding.
@@ -60,7 +61,9 @@ class ClassifierConfig:
 
         need(self.num_classes >= 2, "num_classes", "an instance classifier needs at least 2 instances")
         need(self.feature_dim >= 1, "feature_dim", "set it to the projection head's output width (e.g. 128)")
-        need(self.temperature > 0, "temperature", "use a positive temperature (the paper uses 0.15)")
+        need(self.temperature >= 1 / MAX_ABS_LOGIT, "temperature",
+             f"use a temperature >= {1 / MAX_ABS_LOGIT} (the paper uses 0.15): the kernel exponentiates cosine "
+             "logits up to 1/temperature without a running max")
         need(self.chunk_size >= 1, "chunk_size", "use a positive number of classes per chunk (e.g. 65536)")
         need(self.mode in MODES, "mode", f"choose one of {MODES}")
         need(0.0 <= self.smoothing_alpha < 1.0, "smoothing_alpha", "use 0 <= alpha < 1 (the paper uses 0.2)")

@@ -165,13 +165,20 @@ def _backward_chunks(scaled_features, weight, target_cols, row_scale, log_normal
         grad_weight = torch.empty_like(weight) if covers_all else torch.zeros_like(weight)
     workspace = ChunkWorkspace(batch, min(settings.chunk_size, scored.count), dim, scaled_features.dtype, device,
                                gathers_rows=scored.indices is not None)
+    signs, signed_features = None, scaled_features
     if cache is not None:
         cache_scale = (row_scale * torch.exp(-log_normalizer))[None, :]
     else:
         # exp(z - shift) = |row_scale| p, the scale riding in the matmul's output write.  A zero
         # scale (padding) gives shift = +inf and exactly zero gradient.
         shift_base2 = (log_normalizer - torch.log(row_scale.abs())) * LOG2_E
-        signs = torch.sign(row_scale)[None, :] if bool((row_scale < 0).any()) else None
+        # A negative row_scale (a loss backpropagated with a negative weight) flips its sample's
+        # column.  Rather than a pass over every chunk (or a host sync to see whether one is needed),
+        # the sign goes where it costs O(B): into the targets, into the features the weight gradient
+        # multiplies, and onto the feature gradient at the end.
+        signs = torch.where(row_scale < 0, -1.0, 1.0)
+        target_grad = target_grad * signs[:, None]
+        signed_features = scaled_features * signs[:, None].to(scaled_features.dtype)
     targets, minus_target_grad = _TargetsByChunk(target_cols, settings.chunk_size), -target_grad.t()
     for start, end in scored.chunks(settings.chunk_size):
         weight_hat, norm = workspace.normalized_rows(scored.read(weight, start, end, workspace.gathered_rows))
@@ -180,19 +187,19 @@ def _backward_chunks(scaled_features, weight, target_cols, row_scale, log_normal
             torch.mul(cache.chunk(start, end), cache_scale, out=grad_logits)
         else:
             workspace.cosine_logits(scaled_features, weight_hat, grad_logits, shift_base2).exp2_()
-            if signs is not None:
-                grad_logits.mul_(signs)
         target_rows, inside = targets.in_chunk(start, end - start)
         grad_logits.scatter_add_(0, target_rows, torch.where(inside, minus_target_grad, 0.0))
         workspace.add_grad_features(grad_features, grad_logits, weight_hat)
         rows = scored.rows_of(start, end)
         # Contiguous rows of a full gradient are written in place by the matmul.
         direct = grad_weight[rows] if grad_weight is not None and isinstance(rows, slice) else None
-        grad_rows = workspace.grad_weight_rows(grad_logits, scaled_features, weight_hat, norm, LOG2_E, out=direct)
+        grad_rows = workspace.grad_weight_rows(grad_logits, signed_features, weight_hat, norm, LOG2_E, out=direct)
         if update is not None:
             update.apply_rows(rows, grad_rows)  # later chunks never read these rows
         elif direct is None:
             grad_weight.index_add_(0, rows, grad_rows)  # a row sampled twice gets both contributions
+    if signs is not None:
+        grad_features.mul_(signs[:, None])
     # dz/dx = w_hat / tau: the 1/tau is applied once here rather than per chunk.
     grad_features = grad_features.mul_(1.0 / settings.temperature).to(scaled_features.dtype)
     return grad_features, grad_weight

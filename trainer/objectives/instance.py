@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
 from trainer.classifier.hard_negatives import HardNegativeIndex, search_hard_negatives
+from trainer.classifier.kernel import MAX_ABS_LOGIT
 from trainer.classifier.losses import SmoothingForm
 from trainer.objectives.base import LossOut, Objective, ObjectiveConfig, ObjectiveContext, ShardedRows, StepViews
 from trainer.parallel.collectives import gather_rows
@@ -70,7 +71,9 @@ class InstanceConfig(ObjectiveConfig):
         forms = tuple(form.value for form in SmoothingForm)
         checks = [
             (self.mode in MODES, "mode", f"choose one of {MODES}"),
-            (self.temperature > 0, "temperature", "use a positive temperature (paper: 0.15)"),
+            (self.temperature >= 1 / MAX_ABS_LOGIT, "temperature",
+             f"use a temperature >= {1 / MAX_ABS_LOGIT} (paper: 0.15); the kernel exponentiates cosine logits "
+             "up to 1/temperature without a running max"),
             (self.chunk_size >= 1, "chunk_size", "use a positive number of classes per chunk (e.g. 65536)"),
             (self.init_std > 0, "init_std", "use a positive standard deviation (e.g. 0.01)"),
             (0 <= self.smoothing_alpha < 1, "smoothing_alpha", "use 0 <= alpha < 1 (paper: 0.2)"),

@@ -45,3 +45,12 @@ def reference_grads(features, weight, instance_ids, hard_negative_ids, alpha, te
     loss = reference_loss(features, weight, instance_ids, hard_negative_ids, alpha, temperature, form)
     loss.backward()
     return loss.detach(), features.grad, weight.grad
+
+
+def random_hard_negatives(instance_ids, num_classes, top_k, generator):
+    """K distinct ids per row, never the row's own id."""
+    rows = []
+    for own in instance_ids.tolist():
+        others = torch.randperm(num_classes - 1, generator=generator)[:top_k]
+        rows.append(others + (others >= own))
+    return torch.stack(rows)
