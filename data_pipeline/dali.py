@@ -70,7 +70,8 @@ def _train_pipeline(source: _StepSource, decode_device: str, augment: AugmentCon
         source=source, num_outputs=1 + len(_VIEW_TYPES) * len(specs), batch=True,
         dtype=[types.UINT8] + _VIEW_TYPES * len(specs), ndim=[1] + _VIEW_NDIMS * len(specs),
     )
-    images = fn.decoders.image(jpegs, device=decode_device, output_type=types.RGB)
+    # EXIF orientation is ignored, as PIL does: crop boxes come from the header size PIL reads.
+    images = fn.decoders.image(jpegs, device=decode_device, output_type=types.RGB, adjust_orientation=False)
     per_view = len(_VIEW_TYPES)
     return tuple(_view(images, size, *params[v * per_view:(v + 1) * per_view])
                  for v, (size, _) in enumerate(specs))
@@ -79,7 +80,7 @@ def _train_pipeline(source: _StepSource, decode_device: str, augment: AugmentCon
 @pipeline_def
 def _eval_pipeline(source: _StepSource, decode_device: str, augment: AugmentConfig):
     jpegs = fn.external_source(source=source, num_outputs=1, batch=True, dtype=[types.UINT8], ndim=[1])[0]
-    images = fn.decoders.image(jpegs, device=decode_device, output_type=types.RGB)
+    images = fn.decoders.image(jpegs, device=decode_device, output_type=types.RGB, adjust_orientation=False)
     size = augment.image_size
     images = fn.resize(images, resize_shorter=round(size * augment.eval_resize))
     return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", crop=[size, size], mean=_MEAN,

@@ -94,6 +94,8 @@ class TorchLoader(IndexedLoader):
 
     def _batches(self, epoch: int, steps: range) -> Iterator[Batch]:
         dataset = _StepViews(self.reader, epoch, steps, self.config.augment, self.train)
-        workers = DataLoader(dataset, batch_size=None, num_workers=self.config.num_threads, prefetch_factor=2)
+        # Pinned host memory lets the copy to the GPU run asynchronously (see ``_batch``).
+        workers = DataLoader(dataset, batch_size=None, num_workers=self.config.num_threads, prefetch_factor=2,
+                             pin_memory=self.device.type == "cuda")
         for views, samples in workers:
             yield self._batch(views, samples)

@@ -69,7 +69,7 @@ class IndexedLoader:
         """``views`` must be tensors this loader owns (DALI reuses its buffers: copy first)."""
         device = self.device
         return Batch(
-            views=[view.to(device) for view in views],
+            views=[view.to(device, non_blocking=True) for view in views],  # pinned by the fallback on GPUs
             view_kinds=list(self.view_kinds),
             instance_ids=torch.from_numpy(samples.ids).to(device),
             valid=torch.from_numpy(samples.valid).to(device),

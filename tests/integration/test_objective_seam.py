@@ -50,12 +50,13 @@ class LinearObjective(Objective):
         return [self.sgd]
 
     def loss(self, step) -> LossOut:
+        views = len(step.views)
         logits = self.fc(torch.cat([F.normalize(v.features.float(), dim=1) for v in step.views]))
-        ids = step.instance_ids.repeat(len(step.views))
-        valid = step.valid.repeat(len(step.views)).float()
-        per_sample = F.cross_entropy(logits / self.config.temperature, ids, reduction="none")
+        per_sample = F.cross_entropy(logits / self.config.temperature, step.instance_ids.repeat(views),
+                                     reduction="none")
         self.steps_seen += 1
-        return LossOut((per_sample * valid).sum() / valid.sum().clamp_min(1))
+        share = self.context.dims.world_size / (step.global_valid * views)  # the global valid mean, once averaged
+        return LossOut((per_sample * step.valid.repeat(views)).sum() * share)
 
     def after_backward(self) -> None:
         average_gradients(self.fc.parameters(), self.context.dims)

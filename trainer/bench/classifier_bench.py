@@ -26,13 +26,13 @@ import torch
 import torch.distributed as dist
 
 from trainer.bench.step_runner import StepSpec, run_steps, synchronize
+from trainer.classifier.config import MODES
 from trainer.observability.memory import peak_since, reset_peak
 from trainer.parallel import init_distributed
 from trainer.parallel.launch import spawn_local_workers
 
 MIB = 2**20
 LOGITS = ("recompute", "cache")
-MODES = ("dhp", "ddp")
 
 
 def default_chunk_size() -> int:

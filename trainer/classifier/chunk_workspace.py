@@ -23,23 +23,27 @@ NORM_EPS = 1e-12  # the epsilon of torch.nn.functional.normalize
 class ChunkWorkspace:
     def __init__(self, batch: int, chunk_rows: int, dim: int, dtype: torch.dtype, device: torch.device,
                  gathers_rows: bool = False) -> None:
-        self.batch, self.dtype = batch, dtype
-        self._logits = torch.empty(batch * chunk_rows, device=device)
+        self.batch, self.dtype, self.device = batch, dtype, device
+        self._chunk_rows, self._dim = chunk_rows, dim
+        self._lazy: dict[str, torch.Tensor] = {}
         # Half-precision matmuls write their own dtype first; fp32 ones write the fp32 output directly.
         low = dtype != torch.float32
         self._matmul_out = torch.empty(batch * chunk_rows, dtype=dtype, device=device) if low else None
         self._weight_hat = torch.empty(chunk_rows * dim, device=device)
         self._weight_norm = torch.empty(chunk_rows, device=device)
-        self._grad_weight_hat = torch.empty(chunk_rows * dim, device=device)
-        self._products = torch.empty(chunk_rows * dim, device=device)
-        self._radial = torch.empty(chunk_rows, device=device)
-        self._factor = torch.empty(chunk_rows, device=device)
         # Sampled (non-contiguous) rows of W are gathered here before normalisation.
         self.gathered_rows = torch.empty(chunk_rows * dim if gathers_rows else 0, device=device)
 
+    def _buffer(self, name: str, per_row: int) -> torch.Tensor:
+        """A buffer of ``chunk_rows * per_row`` fp32 values, allocated on first use: a forward never
+        pays for the backward's buffers, nor for the logits buffer when the logits cache holds them."""
+        if name not in self._lazy:
+            self._lazy[name] = torch.empty(self._chunk_rows * per_row, device=self.device)
+        return self._lazy[name]
+
     def logits(self, rows: int) -> torch.Tensor:
         """The reused fp32 ``[rows, B]`` buffer."""
-        return self._logits[: self.batch * rows].view(rows, self.batch)
+        return self._buffer("logits", self.batch)[: self.batch * rows].view(rows, self.batch)
 
     def normalized_rows(self, weight_chunk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(w / |w|, |w|)`` per row in fp32, the norm clamped like ``F.normalize``."""
@@ -75,15 +79,15 @@ class ChunkWorkspace:
         gradient) when given, saving a copy."""
         rows, dim = weight_hat.shape
         if out is None:
-            out = self._grad_weight_hat[: rows * dim].view(rows, dim)
+            out = self._buffer("grad_weight_hat", self._dim)[: rows * dim].view(rows, dim)
         if self._matmul_out is None:
             grad_weight_hat = torch.mm(grad_logits, features, out=out)
         else:
             grad_weight_hat = out.copy_(grad_logits.to(self.dtype) @ features)
         # Backward of w / |w|: remove the radial component, divide by the norm (and the scale).
-        products = torch.mul(grad_weight_hat, weight_hat, out=self._products[: rows * dim].view(rows, dim))
-        radial = torch.sum(products, dim=1, out=self._radial[:rows])
-        factor = torch.reciprocal(norm, out=self._factor[:rows, None]).mul_(1.0 / scale)
+        products = torch.mul(grad_weight_hat, weight_hat, out=self._buffer("products", self._dim)[: rows * dim].view(rows, dim))
+        radial = torch.sum(products, dim=1, out=self._buffer("radial", 1)[:rows])
+        factor = torch.reciprocal(norm, out=self._buffer("factor", 1)[:rows, None]).mul_(1.0 / scale)
         return grad_weight_hat.addcmul_(weight_hat, radial[:, None], value=-1).mul_(factor)
 
 

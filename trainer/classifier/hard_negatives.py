@@ -96,35 +96,41 @@ class HardNegativeIndex:
     each rank the hard negatives that fall in *its* class range, for every gathered sample.  So the
     table is inverted once per search (one all-to-all of O(N*K/T) entries): every rank keeps the
     (instance, slot, local column) triples whose negative it owns, sorted by instance.  The per-step
-    lookup is then a local ``searchsorted`` over the gathered ids: no all-reduce, no second gather.
+    lookup is then a local ``searchsorted`` over the gathered ids: no all-reduce, no second gather,
+    and fixed shapes (an instance has at most K entries on a rank), so no host sync on a GPU.
+    With a single shard (DDP, or one rank) the owner-side table already is that index.
     """
 
     def __init__(self, owner_table: torch.Tensor, shard: ClassShard, group: Group) -> None:
         self.owner_table = owner_table  # [N_local, K] global ids of the K hardest negatives of each local row
         self.shard = shard
         self.top_k = owner_table.shape[1]
-        self._instances, self._slots, self._columns = _invert(owner_table, shard, group)
+        self._inverted = None if shard.num_shards == 1 else _invert(owner_table, shard, group)
 
     @torch.no_grad()
     def local_columns(self, instance_ids: torch.Tensor) -> torch.Tensor:
         """``[B, K]``: column ``k`` is the local row of the k-th hard negative of each instance when
         this rank owns it, else -1 (the same layout as the owner-side table)."""
-        device = instance_ids.device
         ids = instance_ids.long()
-        first = torch.searchsorted(self._instances, ids)
-        counts = torch.searchsorted(self._instances, ids, right=True) - first
-        sample = torch.repeat_interleave(torch.arange(ids.shape[0], device=device), counts)
-        # Entry j of sample s sits at first[s] + (j - the number of entries of earlier samples).
-        offset_in_run = torch.arange(sample.shape[0], device=device) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
-        entries = first[sample] + offset_in_run
-        out = torch.full((ids.shape[0], self.top_k), -1, dtype=torch.int64, device=device)
-        out[sample, self._slots[entries]] = self._columns[entries]
-        return out
+        if self._inverted is None:
+            return self.owner_table[ids - self.shard.class_start] - self.shard.class_start
+        instances, slots, columns = self._inverted
+        top_k, batch = self.top_k, ids.shape[0]
+        first = torch.searchsorted(instances, ids)
+        counts = torch.searchsorted(instances, ids, right=True) - first
+        offsets = torch.arange(top_k, device=ids.device)
+        present = offsets < counts[:, None]  # [B, K]: the first counts[i] entries of instance i
+        entries = (first[:, None] + offsets).clamp(max=instances.shape[0] - 1)
+        # Absent entries write -1 into an extra column K, dropped at the end.
+        slot = torch.where(present, slots[entries].long(), top_k)
+        column = torch.where(present, columns[entries].long(), -1)
+        out = torch.full((batch, top_k + 1), -1, dtype=torch.int64, device=ids.device)
+        return out.scatter_(1, slot, column)[:, :top_k]
 
 
 def _invert(owner_table: torch.Tensor, shard: ClassShard, group: Group) -> tuple[torch.Tensor, ...]:
-    """``(instances, slots, local columns)`` of the table entries whose negative this rank owns,
-    sorted by instance id; the entries travel to their negative's owner in one all-to-all."""
+    """``(instances int64, slots int16, local columns int32)`` of the table entries whose negative this
+    rank owns, sorted by instance id; the entries travel to their negative's owner in one all-to-all."""
     device = owner_table.device
     rows, top_k = owner_table.shape
     instances = (torch.arange(rows, device=device) + shard.class_start).repeat_interleave(top_k)
@@ -142,6 +148,9 @@ def _invert(owner_table: torch.Tensor, shard: ClassShard, group: Group) -> tuple
         dist.all_to_all_single(received, packed.t().contiguous(), receive_counts.tolist(), send_counts.tolist(),
                                group=group)
         packed = received.t()
-    instances, slots, negatives = packed
+    # A sentinel past every id (instance N) keeps the arrays non-empty for the fixed-shape lookup.
+    sentinel = torch.tensor([[shard.num_classes], [0], [shard.class_start]], device=device)
+    instances, slots, negatives = torch.cat([packed, sentinel], dim=1)
     order = torch.argsort(instances, stable=True)
-    return instances[order], slots[order], negatives[order] - shard.class_start
+    # Narrow types: this index lives as long as the epoch (int64 everywhere would be 24 bytes an entry).
+    return instances[order], slots[order].to(torch.int16), (negatives[order] - shard.class_start).to(torch.int32)

@@ -82,8 +82,9 @@ class ShardedCosineClassifier(nn.Module):
         (see ``InBackwardSGD``); returns the optimizer for the schedule and checkpoints."""
         if self.grad_group is not None:
             raise ValueError(
-                "classifier.update_in_backward needs mode 'dhp' with a single classifier group: the shard's gradient "
-                "would otherwise have to be averaged across ranks before the update"
+                "update_in_backward=true is invalid here: it needs mode 'dhp' with a single classifier group "
+                "(parallel.classifier_parallel_size = world size); the shard's gradient would otherwise have to be "
+                "averaged across ranks before the update"
             )
         self.update_in_backward = InBackwardSGD(self.weight, lr, momentum, weight_decay)
         return self.update_in_backward

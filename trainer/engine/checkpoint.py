@@ -128,13 +128,22 @@ def _assemble_rows(template: ShardedRows, saved: list[dict], path: str, device: 
         return None
     pieces, covered = [], template.start
     for piece in sorted((p for p in saved if p["rows"] is not None), key=lambda p: p["start"]):
-        lo, hi = max(piece["start"], covered), min(piece["end"], template.end)
-        if lo < hi:
-            pieces.append(piece["rows"][lo - piece["start"] : hi - piece["start"]])
+        if covered >= template.end:
+            break
+        hi = min(piece["end"], template.end)
+        if piece["start"] > covered:
+            _missing_rows(path, covered, min(piece["start"], template.end))
+        if covered < hi:
+            pieces.append(piece["rows"][covered - piece["start"] : hi - piece["start"]])
             covered = hi
-    if covered != template.end:
-        raise ValueError(f"checkpoint state {path}: rows [{covered}, {template.end}) are in no saved file")
+    if covered < template.end:
+        _missing_rows(path, covered, template.end)
     return torch.cat(pieces).to(device)
+
+
+def _missing_rows(path: str, start: int, end: int):
+    raise ValueError(f"checkpoint state {path}: rows [{start}, {end}) are in no saved file; the checkpoint is "
+                     "incomplete (a rank's file is missing?): resume from an earlier one")
 
 
 def _join(path: str, key: str) -> str:

@@ -22,10 +22,12 @@ A minimal objective (a replicated linear classifier over instance ids)::
         def optimizers(self):
             return [self.sgd]
 
-        def loss(self, step):
+        def loss(self, step):  # the mean over the valid samples of the global batch
+            views = len(step.views)
             logits = self.fc(torch.cat([v.features.float() for v in step.views]))
-            ids = step.instance_ids.repeat(len(step.views))
-            return LossOut(F.cross_entropy(logits, ids))
+            per_sample = F.cross_entropy(logits, step.instance_ids.repeat(views), reduction="none")
+            share = self.context.dims.world_size / (step.global_valid * views)  # gradients are averaged
+            return LossOut((per_sample * step.valid.repeat(views)).sum() * share)
 
         def after_backward(self):
             average_gradients(self.fc.parameters(), self.context.dims)   # it is replicated

@@ -23,14 +23,12 @@ import torch
 import torch.nn.functional as F
 
 from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
+from trainer.classifier.config import MODES
 from trainer.classifier.hard_negatives import HardNegativeIndex, search_hard_negatives
 from trainer.classifier.kernel import MAX_ABS_LOGIT
 from trainer.classifier.losses import SmoothingForm
 from trainer.objectives.base import LossOut, Objective, ObjectiveConfig, ObjectiveContext, ShardedRows, StepViews
 from trainer.parallel.collectives import gather_rows
-
-MODES = ("dhp", "ddp")
-
 
 @dataclass(frozen=True)
 class InstanceConfig(ObjectiveConfig):
@@ -98,9 +96,6 @@ class InstanceObjective(Objective):
         if config.smoothing_alpha > 0 and config.top_k > n - 1:
             raise ValueError(f"top_k={config.top_k} is invalid: an instance has only {n - 1} other classes "
                              "in this data set; lower it or set smoothing_alpha: 0")
-        if config.update_in_backward and dims.classifier_parallel_size != dims.world_size:
-            raise ValueError("update_in_backward=true is invalid with several classifier groups: replicas must "
-                             "average the shard's gradient before the update; use one classifier group")
         self.classifier = ShardedCosineClassifier(
             ClassifierConfig(
                 num_classes=n, feature_dim=context.feature_dim, temperature=config.temperature,
