@@ -83,6 +83,13 @@ def _worker(local_rank: int, world_size: int, port: int, fn: Callable[..., Any],
         fn(*args)
     finally:
         shutdown_distributed()
+    # The work is done and reported; skip the interpreter's teardown, where third-party C++ threads
+    # (DeepSpeed ZeRO-3 on CPU) have been seen to abort ("terminate called without an active
+    # exception") and turn a finished, correct run into a failed one.  Failures raised above still
+    # reach the parent through torch.multiprocessing as before.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def spawn_local_workers(fn: Callable[..., Any], world_size: int, *args: Any) -> None:
