@@ -9,6 +9,32 @@ from data_pipeline.augment import AugmentConfig
 
 LOADER_BACKENDS = ("dali", "torch")
 LAST_BATCH_POLICIES = ("pad", "drop")
+SAMPLER_KINDS = ("epoch_permutation", "sliding_window")
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """Which ids the training steps read (evaluation always reads the stored order).  Attributes:
+    kind: "epoch_permutation" (a seeded permutation per epoch, see ``data_pipeline.sampler``) or
+        "sliding_window" (PIC's Algorithm 3, see ``data_pipeline.sliding_window``).
+    window_size: ids per sliding window W; 0 picks min(2**17, max(global batch, 2**round(log2(N/10)))).
+    stride: ids the window moves by S, at most window_size; 0 picks max(1, W // 8) (87.5% overlap).
+        window_size and stride apply to "sliding_window" only.
+    """
+
+    kind: str = "epoch_permutation"
+    window_size: int = 0
+    stride: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in SAMPLER_KINDS:
+            raise ValueError(f"kind={self.kind!r} is invalid: choose one of {SAMPLER_KINDS}")
+        for name in ("window_size", "stride"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: use 0 (auto) or a positive size")
+        if 0 < self.window_size < self.stride:  # with an auto size the sampler checks once W is known
+            raise ValueError(f"stride={self.stride!r} is invalid: use at most window_size={self.window_size}, "
+                             "or ids between windows are never read")
 
 
 @dataclass(frozen=True)
@@ -18,9 +44,11 @@ class LoaderConfig:
     backend: "dali" (nvJPEG decode on the GPU when CUDA is present, else DALI on the CPU) or
         "torch" (PIL + torchvision in DataLoader workers, the fallback and speed baseline).
     num_threads: DALI CPU threads (and file-reading threads), or DataLoader worker processes.
-    last_batch: "pad" or "drop" for training, see ``data_pipeline.sampler``; evaluation always pads.
-    seed: base seed of the epoch orders and of every augmentation parameter.
+    last_batch: "pad" or "drop" for training with the epoch_permutation sampler, see
+        ``data_pipeline.sampler``; evaluation always pads, the sliding window never pads.
+    seed: base seed of the sample order and of every augmentation parameter.
     augment: the augmentation recipe.
+    sampler: which ids the training steps read (see ``SamplerConfig``).
     """
 
     batch_size: int = 256
@@ -29,6 +57,7 @@ class LoaderConfig:
     last_batch: str = "pad"
     seed: int = 0
     augment: AugmentConfig = field(default_factory=AugmentConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, fix: str) -> None:

@@ -18,12 +18,16 @@ from data_pipeline.batch import GLOBAL_VIEW, SMALL_VIEW, Batch
 from data_pipeline.config import LoaderConfig
 from data_pipeline.sample_table import sample_table
 from data_pipeline.sampler import EpochPermutationSampler, Sampler
+from data_pipeline.sliding_window import SlidingWindowSampler
 from data_pipeline.step_inputs import StepReader, StepSamples
 
 
-def default_sampler(num_samples: int, config: LoaderConfig, world_size: int, train: bool) -> EpochPermutationSampler:
-    """Training: a seeded permutation per epoch under ``config.last_batch``; evaluation: stored
-    order, padded (every sample is needed exactly once)."""
+def default_sampler(num_samples: int, config: LoaderConfig, world_size: int, train: bool) -> Sampler:
+    """Training: ``config.sampler`` (a seeded permutation per epoch under ``config.last_batch``, or
+    PIC's sliding window); evaluation: stored order, padded (every sample is needed exactly once)."""
+    if train and config.sampler.kind == SlidingWindowSampler.KIND:
+        return SlidingWindowSampler(num_samples, world_size, config.batch_size, seed=config.seed,
+                                    window_size=config.sampler.window_size, stride=config.sampler.stride)
     return EpochPermutationSampler(num_samples, world_size, config.batch_size, seed=config.seed, shuffle=train,
                                    last_batch=config.last_batch if train else "pad")
 

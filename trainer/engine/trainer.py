@@ -254,9 +254,11 @@ class Trainer:
         for optimizer in (self.backbone_optimizer, *optimizers):
             set_lr(optimizer, lr)
         self.metrics.lr.set(lr)
+        sampler, epoch = self.train_loader.sampler, self.state.epoch
         step = StepViews(views=self._forward_views(batch), instance_ids=batch.instance_ids, valid=batch.valid,
-                         global_valid=batch.global_valid, epoch=self.state.epoch, step=self.state.global_step,
-                         validate=validate)
+                         global_valid=batch.global_valid, epoch=epoch, step=self.state.global_step,
+                         validate=validate, global_batch=sampler.step(epoch, batch.step),
+                         next_global_batch=self._next_global_batch(epoch, batch.step))
         loss = self.objective.loss(step).loss
         self.engine.backward(loss)
         self.engine.step()
@@ -266,6 +268,13 @@ class Trainer:
             optimizer.zero_grad(set_to_none=True)
         self.nonfinite.observe(loss)
         return loss.detach()
+
+    def _next_global_batch(self, epoch: int, step_in_epoch: int):
+        """The sampler's next step after ``(epoch, step_in_epoch)``, or None at the end of the run."""
+        if self.config.max_steps is not None and self.state.global_step + 1 >= self.config.max_steps:
+            return None
+        epoch, step_in_epoch = (epoch, step_in_epoch + 1) if step_in_epoch + 1 < self.steps_per_epoch else (epoch + 1, 0)
+        return self.train_loader.sampler.step(epoch, step_in_epoch) if epoch < self.config.optim.epochs else None
 
     def _log_step(self, loss: torch.Tensor, images_per_second: float, data_wait: float) -> None:
         self.nonfinite.check(self.dims.control_group, self.state.global_step, str(self.last_checkpoint or ""))

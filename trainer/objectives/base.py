@@ -49,6 +49,7 @@ from typing import Callable, Iterable
 import torch
 import torch.distributed as dist
 
+from data_pipeline.sampler import StepIndices
 from trainer.parallel import ParallelDims
 
 @dataclass(frozen=True)
@@ -105,7 +106,9 @@ class StepViews:
     ``valid`` is False on padding repeats (the last batch of an epoch): they must contribute
     nothing to the loss or to any update.  ``global_valid`` counts valid samples over all ranks
     (from the sampler, so known without communication).  ``validate`` marks log steps, where
-    checking inputs (a host sync) is allowed."""
+    checking inputs (a host sync) is allowed.  ``global_batch`` is what the sampler gives every
+    rank this step (host arrays, no communication); ``next_global_batch`` the next step's, so an
+    objective can prefetch (None when no step follows, or when the caller does not know)."""
 
     views: list[View]
     instance_ids: torch.Tensor  # [b] int64
@@ -114,6 +117,8 @@ class StepViews:
     epoch: int
     step: int  # global step, 0-based
     validate: bool = False
+    global_batch: StepIndices | None = None
+    next_global_batch: StepIndices | None = None
 
 
 @dataclass

@@ -1,0 +1,266 @@
+"""``pic``: Parametric Instance Classification (seeds 001/002) with its cost independent of N.
+
+The same N-way cosine classifier as ``instance`` (sharded by class range over the classifier group,
+features all-gathered), with two changes:
+
+* recent negative sampling: a step's softmax runs over the instances of its global batch plus the
+  K ids seen most recently (``RecentIds``, the same on every rank), not all N rows.  Each rank
+  scores the sampled rows it owns with the chunked kernel, so a step costs O(B (K + B) / T),
+  whatever N is.  ``negatives: all`` scores every row instead (the full softmax, for ablations);
+* the classifier rows live in a ``RowStore`` (device, host or disk) and are trained by
+  ``LazyRowSGD``: the rows a step samples are fetched, brought forward over the steps they
+  skipped (exact under any learning-rate schedule), updated, and written back.
+
+The sliding-window data order (PIC's Algorithm 3) is the data sampler's job
+(``data.loader.sampler.kind: sliding_window``); the two are independent switches.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from trainer.classifier.kernel import MAX_ABS_LOGIT, KernelSettings, sharded_cosine_ce
+from trainer.classifier.lazy_sgd import LazyRowSGD
+from trainer.classifier.module import gaussian_rows
+from trainer.classifier.recent_ids import RecentIds
+from trainer.classifier.row_store import STORE_KINDS, make_row_store
+from trainer.classifier.sharding import ClassShard
+from trainer.objectives.base import LossOut, Objective, ObjectiveConfig, ObjectiveContext, ShardedRows, StepViews
+from trainer.parallel.collectives import CommTimer, all_gather_rows_with_grad, all_reduce_, scale_grad
+
+NEGATIVES = ("recent", "all")
+ROW_DTYPES = ("float32", "float64")
+
+
+@dataclass(frozen=True)
+class PicConfig(ObjectiveConfig):
+    """Attributes:
+    name: "pic".
+    temperature: tau of the cosine softmax (paper: 0.2).
+    chunk_size: sampled rows scored at once; activation memory is O(batch * chunk_size).
+    negatives: "recent" (the batch plus the ``queue_size`` most recent ids) or "all" (every row
+        each step: the full softmax, O(N) per step, for ablations).
+    queue_size: K, recent ids kept as negatives (paper: 65536).
+    row_store: where W and its momentum live: "device", "host" (pinned on GPUs) or "disk"
+        (memory-mapped files in ``row_store_dir``; see ``trainer.classifier.row_store``).
+    row_store_dir: local directory of a disk store (one sub-directory per rank).
+    row_dtype: "float32", or "float64" for rows that accumulate no rounding over very long runs
+        (twice the store).
+    init_std: std of the Gaussian initial rows (the same rows under any sharding).
+    prefetch: fetch the next step's rows in the background while the current step finishes
+        (a thread; a side stream on GPUs).
+    """
+
+    name: str = "pic"
+    temperature: float = 0.2
+    chunk_size: int = 65536
+    negatives: str = "recent"
+    queue_size: int = 65536
+    row_store: str = "device"
+    row_store_dir: str | None = None
+    row_dtype: str = "float32"
+    init_std: float = 0.01
+    prefetch: bool = True
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.temperature >= 1 / MAX_ABS_LOGIT, "temperature",
+             f"use a temperature >= {1 / MAX_ABS_LOGIT} (paper: 0.2); the kernel exponentiates cosine logits "
+             "up to 1/temperature without a running max"),
+            (self.chunk_size >= 1, "chunk_size", "use a positive number of rows per chunk (e.g. 65536)"),
+            (self.negatives in NEGATIVES, "negatives", f"choose one of {NEGATIVES}"),
+            (self.queue_size >= 0, "queue_size", "use K >= 0 recent ids (paper: 65536)"),
+            (self.row_store in STORE_KINDS, "row_store", f"choose one of {STORE_KINDS}"),
+            (self.row_store != "disk" or bool(self.row_store_dir), "row_store_dir",
+             "a disk row store needs a directory on a local disk (e.g. /scratch/instcls-rows)"),
+            (self.row_dtype in ROW_DTYPES, "row_dtype", f"choose one of {ROW_DTYPES}"),
+            (self.init_std > 0, "init_std", "use a positive standard deviation (e.g. 0.01)"),
+        ]
+        for ok, name, fix in checks:
+            if not ok:
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: {fix}")
+
+
+@dataclass
+class _Fetched:
+    """A step's sampled rows on this rank, brought forward to that step."""
+
+    step: int
+    ids: np.ndarray  # global ids of the sampled rows this rank owns, sorted
+    rows: torch.Tensor  # the same as local row indices (int64, CPU)
+    weight: torch.Tensor
+    momentum: torch.Tensor
+
+
+class PicObjective(Objective):
+    config: PicConfig
+
+    def __init__(self, config: PicConfig, context: ObjectiveContext) -> None:
+        super().__init__(config, context)
+        dims, n = context.dims, context.num_instances
+        self.shard = ClassShard(n, dims.classifier_parallel_size, dims.classifier_rank)
+        self.group, self.replica_group = dims.classifier_group, dims.classifier_replica_group
+        directory = None if config.row_store_dir is None else Path(config.row_store_dir) / f"rank-{dims.rank:05d}"
+        self.store = make_row_store(config.row_store, self.shard.num_classes_local, context.feature_dim,
+                                    getattr(torch, config.row_dtype), dims.device, directory)
+        start = self.shard.class_start
+        self.store.fill(lambda a, b: gaussian_rows(start + a, b - a, context.feature_dim, config.init_std, context.seed),
+                        None, 0)
+        self.optimizer = LazyRowSGD(self.store, context.optim.momentum, context.optim.weight_decay)
+        self.optimizer.after_step = self._after_step
+        self.recent = RecentIds(config.queue_size)
+        self.kernel_settings = KernelSettings(temperature=config.temperature, chunk_size=config.chunk_size)
+        self.comm_timer = CommTimer()
+        self.next_step = 0  # the step every row not in the store's last_step is behind of
+        self._next_batch = None  # the sampler's next global batch, for the prefetch
+        self._prefetch: tuple[int, np.ndarray, Future] | None = None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="pic-prefetch") if config.prefetch else None
+        self._side_stream = torch.cuda.Stream(dims.device) if config.prefetch and dims.device.type == "cuda" else None
+        self._sampled_rows = 0
+        self._wait_seconds = 0.0
+        self._pushed_ids = np.zeros(0, dtype=np.int64)
+
+    # -- which rows a step scores ----------------------------------------------------------------
+
+    def _sampled_ids(self, batch_ids: np.ndarray) -> np.ndarray | None:
+        """Sorted distinct global ids the step's softmax runs over (None: all rows)."""
+        if self.config.negatives == "all":
+            return None
+        return np.union1d(self.recent.ids(), batch_ids.reshape(-1))
+
+    def _local_ids(self, sampled: np.ndarray | None) -> np.ndarray:
+        start, end = self.shard.class_start, self.shard.class_end
+        if sampled is None:
+            return np.arange(start, end, dtype=np.int64)
+        return sampled[np.searchsorted(sampled, start) : np.searchsorted(sampled, end)]
+
+    def _fetch(self, step: int, sampled: np.ndarray | None) -> _Fetched:
+        ids = self._local_ids(sampled)
+        rows = torch.from_numpy(ids - self.shard.class_start)
+        if self._side_stream is not None:  # the prefetch thread copies on its own stream
+            with torch.cuda.stream(self._side_stream):
+                weight, momentum = self.optimizer.fetch(rows, step)
+            self._side_stream.synchronize()
+        else:
+            weight, momentum = self.optimizer.fetch(rows, step)
+        return _Fetched(step, ids, rows, weight, momentum)
+
+    def _rows_for(self, step: StepViews) -> _Fetched:
+        sampled = self._sampled_ids(step.global_batch.ids)
+        start = time.perf_counter()
+        fetched = None
+        if self._prefetch is not None:
+            prefetch_step, prefetch_sampled, future = self._prefetch
+            self._prefetch = None
+            result = future.result()
+            if prefetch_step == step.step and _same(prefetch_sampled, sampled):
+                fetched = result
+                if self._side_stream is not None:
+                    for tensor in (fetched.weight, fetched.momentum):
+                        tensor.record_stream(torch.cuda.current_stream(self.context.dims.device))
+        if fetched is None:
+            fetched = self._fetch(step.step, sampled)
+        self._wait_seconds += time.perf_counter() - start
+        return fetched
+
+    def _after_step(self, step: int) -> None:
+        """After the update of ``step``: remember its ids, start fetching the next step's rows."""
+        self.recent.push(self._pushed_ids)
+        self.next_step = step + 1
+        if self._pool is not None and self._next_batch is not None:
+            sampled = self._sampled_ids(self._next_batch.ids)
+            self._prefetch = (step + 1, sampled, self._pool.submit(self._fetch, step + 1, sampled))
+
+    def _drop_prefetch(self) -> None:
+        """Wait for and discard a prefetch (before anything else reads or writes the store)."""
+        if self._prefetch is not None:
+            self._prefetch[2].result()
+            self._prefetch = None
+
+    # -- the seam --------------------------------------------------------------------------------
+
+    def optimizers(self) -> list:
+        return [self.optimizer]
+
+    def loss(self, step: StepViews) -> LossOut:
+        if step.global_batch is None:
+            raise ValueError("the pic objective needs StepViews.global_batch (the sampler's ids of every rank)")
+        dims, views = self.context.dims, len(step.views)
+        fetched = self._rows_for(step)
+        self._sampled_rows = fetched.ids.size
+        self._next_batch = step.next_global_batch
+        # Only valid ids enter the queue: padding repeats were seen earlier in the epoch.
+        self._pushed_ids = step.global_batch.ids[step.global_batch.valid]
+
+        # The classifier group's batch, in all-gather order: rank by rank, each rank's views in turn.
+        size = dims.classifier_parallel_size
+        first = (dims.rank // size) * size
+        group_ids = np.concatenate([np.tile(step.global_batch.ids[r], views) for r in range(first, first + size)])
+        group_valid = np.concatenate([np.tile(step.global_batch.valid[r], views) for r in range(first, first + size)])
+        owned = (group_ids >= self.shard.class_start) & (group_ids < self.shard.class_end)
+        target_cols = np.where(owned, np.searchsorted(fetched.ids, group_ids), -1)
+        device = dims.device
+        target_cols = torch.from_numpy(target_cols[:, None]).to(device, non_blocking=True)
+        valid = torch.from_numpy(group_valid.astype(np.float32)).to(device, non_blocking=True)
+
+        leaf = fetched.weight.float().detach().requires_grad_(True)
+        self.optimizer.set_pending(fetched.rows, fetched.weight, fetched.momentum, leaf, step.step)
+        features = torch.cat([view.features for view in step.views])
+        # Backbone gradients are averaged over all ranks; a rank's features feed the whole group.
+        features = scale_grad(F.normalize(features, dim=1), size)
+        features = all_gather_rows_with_grad(features, self.group, self.comm_timer)
+        ones = torch.ones(features.shape[0], 1, device=device)
+        per_sample = sharded_cosine_ce(features, leaf, target_cols, ones, self.kernel_settings, self.group,
+                                       self.comm_timer)
+        replicas = dims.world_size // size
+        global_valid = int(step.global_batch.valid.sum()) * views
+        return LossOut((per_sample * valid).sum() * (replicas / max(global_valid, 1)))
+
+    def after_backward(self) -> None:
+        leaf = self.optimizer.pending_leaf
+        if self.replica_group is not None and leaf is not None and leaf.grad is not None:
+            grad = leaf.grad  # the same rows on every replica: average their gradients
+            grad.div_(self.context.dims.world_size // self.context.dims.classifier_parallel_size)
+            all_reduce_(grad, torch.distributed.ReduceOp.SUM, self.replica_group, self.comm_timer)
+
+    def metrics(self) -> dict[str, float]:
+        metrics = {"comm_seconds": self.comm_timer.drain(), "sampled_rows": float(self._sampled_rows),
+                   "corrected_rows": float(self.optimizer.corrected_rows),
+                   "row_wait_seconds": round(self._wait_seconds, 4)}
+        self.optimizer.corrected_rows, self._wait_seconds = 0, 0.0
+        return metrics
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def _rows(self, tensor: torch.Tensor) -> ShardedRows:
+        dims = self.context.dims
+        return ShardedRows(tensor, self.shard.class_start, self.shard.class_end, self.shard.num_classes,
+                           primary=dims.rank < dims.classifier_parallel_size)
+
+    def state_dict(self) -> dict:
+        """Every row brought to the current step first, so the saved W and momentum are exact."""
+        self._drop_prefetch()
+        self.optimizer.materialize(self.next_step)
+        self.store.flush()
+        return {"weight": self._rows(self.store.weight), "momentum": self._rows(self.store.momentum),
+                "recent": self.recent.state_dict(), "step": self.next_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._drop_prefetch()
+        step = state["step"]
+        weight, momentum = state["weight"].rows, state["momentum"].rows
+        self.store.fill(lambda a, b: weight[a:b], lambda a, b: momentum[a:b], step)
+        self.optimizer.transitions.reset(step)
+        self.recent.load_state_dict(state["recent"])
+        self.next_step = step
+
+
+def _same(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and np.array_equal(a, b))
