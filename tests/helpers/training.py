@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def train_command(run_dir: Path, shards: dict[str, Path], nproc: int, overrides: list[str], resume: str = "none",
-                  launcher: list[str] | None = None):
+                  launcher: list[str] | None = None, config: str = "demo_cpu.yaml"):
     settings = [
         f"data.train_shards={shards['train']}",
         f"data.eval_shards={shards['val']}",
@@ -29,7 +29,7 @@ def train_command(run_dir: Path, shards: dict[str, Path], nproc: int, overrides:
     launcher = launcher or [sys.executable, "-m", "torch.distributed.run"]
     command = [*launcher, "--nproc-per-node", str(nproc),
                "--master-port", str(_free_port()), "-m", "trainer.cli", "train",
-               "--config", str(REPO / "configs" / "demo_cpu.yaml"), "--resume", resume]
+               "--config", str(REPO / "configs" / config), "--resume", resume]
     for setting in settings:
         command += ["--set", setting]
     return command
@@ -44,8 +44,9 @@ def _free_port() -> int:
 FAST = ["data.loader.batch_size=64", "optim.epochs=4", "optim.warmup_epochs=1"]
 
 
-def run_train(run_dir: Path, shards, nproc: int, overrides: list[str], resume: str = "none", timeout: int = 600):
-    result = subprocess.run(train_command(run_dir, shards, nproc, overrides, resume), cwd=REPO, capture_output=True,
+def run_train(run_dir: Path, shards, nproc: int, overrides: list[str], resume: str = "none", timeout: int = 600,
+              config: str = "demo_cpu.yaml"):
+    result = subprocess.run(train_command(run_dir, shards, nproc, overrides, resume, config=config), cwd=REPO, capture_output=True,
                             text=True, timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1"))
     if result.returncode != 0:
         raise AssertionError(f"training failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}")
@@ -65,6 +66,8 @@ def classifier_rows(checkpoint: Path) -> dict[str, torch.Tensor]:
     states = [torch.load(f, weights_only=True) for f in files]
     tables = {}
     for key in ("weight", "momentum", "hard_negatives"):
+        if key not in states[0]:
+            continue
         pieces = sorted((s[key] for s in states if s[key]["rows"] is not None), key=lambda piece: piece["start"])
         assert pieces[0]["start"] == 0 and pieces[-1]["end"] == pieces[0]["total"], f"{key}: rows missing"
         for before, after in zip(pieces, pieces[1:]):

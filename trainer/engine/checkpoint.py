@@ -138,7 +138,8 @@ def _assemble_rows(template: ShardedRows, saved: list[dict], path: str, device: 
             covered = hi
     if covered < template.end:
         _missing_rows(path, covered, template.end)
-    return torch.cat(pieces).to(device)
+    # One piece stays a view of the memory-mapped file: a disk row store copies it block by block.
+    return (pieces[0] if len(pieces) == 1 else torch.cat(pieces)).to(device)
 
 
 def _missing_rows(path: str, start: int, end: int):

@@ -1,0 +1,39 @@
+"""PIC through the real trainer on 2 CPU ranks: the sliding window and the lazily corrected rows
+resume mid-window to exactly the state of an uninterrupted run, whichever row store holds them."""
+
+import json
+
+import numpy as np
+import torch
+
+from tests.helpers.training import FAST, classifier_rows, latest_checkpoint, run_train
+from tests.integration.test_training import assert_same_training_state
+
+PIC = "pic_demo_cpu.yaml"
+
+
+def test_pic_resumes_mid_window_from_a_disk_store_to_the_uninterrupted_state(digits_split, tmp_path):
+    """Saving brings every row up to date (so the checkpoint holds W itself), which rounds the rows
+    as an uninterrupted run does only with the same checkpoint cadence: both save every 7 steps."""
+    interrupted, uninterrupted = tmp_path / "interrupted", tmp_path / "uninterrupted"
+    every_7 = FAST + ["checkpoint.every_steps=7"]
+    disk = every_7 + ["objective.row_store=disk", f"objective.row_store_dir={tmp_path / 'rows'}"]
+    run_train(interrupted, digits_split, 2, disk + ["max_steps=7"], config=PIC)
+    first = latest_checkpoint(interrupted)
+    sampler = torch.load(first / "components" / "sampler" / "rank-00000.pt", weights_only=True)
+    assert sampler["kind"] == "sliding_window" and (sampler["window_size"], sampler["stride"]) == (128, 16)
+    assert json.loads((first / "trainer.json").read_text())["step_in_epoch"] == 7  # 12 steps per epoch
+    run_train(interrupted, digits_split, 2, disk + ["max_steps=20"], resume="auto", config=PIC)
+    run_train(uninterrupted, digits_split, 2, every_7 + ["max_steps=20", "objective.row_store=host"], config=PIC)
+    resumed, reference = latest_checkpoint(interrupted), latest_checkpoint(uninterrupted)
+    assert resumed.name == reference.name == "step_000000020"
+    assert_same_training_state(resumed, reference)
+
+    # The disk store's files hold the rows (the rank's anonymous memory does not), and the recent
+    # ids after 20 steps of 128 are the last 256 ids read.
+    assert (tmp_path / "rows" / "rank-00001" / "weight.bin").stat().st_size == 719 * 128 * 4
+    recent = torch.load(resumed / "components" / "objective" / "rank-00000.pt", weights_only=True)["recent"]
+    assert recent["capacity"] == 256 and recent["ids"].numel() == 256
+    rows = classifier_rows(resumed)
+    assert rows["weight"].shape == (1438, 128) and torch.isfinite(rows["weight"]).all()
+    assert np.unique(recent["ids"].numpy()).size < 256  # the window revisits ids within 2 steps
