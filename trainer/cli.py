@@ -8,6 +8,7 @@
     instcls bench classifier [--num-classes N --batch B --dim D --ranks T --chunk-size C ...]
     instcls bench data [--shards DIR --batch B --threads T --views V ...]
     instcls bench ddp-vs-dhp --ranks T --cap-gib C [--out DIR ...]
+    instcls bench pic [--sizes 1281167,14197087,max --store disk --store-dir DIR --cap-gib 16 ...]
     instcls plan --num-classes N --ranks T --batch B [--backbone resnet50 --gpu-memory-gib 32 ...]
 """
 
@@ -60,6 +61,46 @@ def _run_bench_classifier(args: argparse.Namespace) -> int:
     print(format_report(summary))
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+def _add_bench_pic(subparsers) -> None:
+    from trainer.bench.pic_bench import PicBenchSettings
+
+    defaults = PicBenchSettings()
+    parser = subparsers.add_parser(
+        "pic", help="PIC's step time and memory vs N (rows in a row store) next to the full-softmax DHP",
+        description="Runs the pic objective with recent-negative sampling and its rows in a store for each N, and "
+        "the full-softmax DHP classifier at the same N under a memory cap, each in a fresh process.")
+    parser.add_argument("--sizes", default=",".join(defaults.sizes),
+                        help="comma-separated N; 'max' = the largest N whose store fits on the disk (default %(default)s)")
+    parser.add_argument("--batch", type=int, default=defaults.batch, help="images per step, 2 views each")
+    parser.add_argument("--queue", type=int, default=defaults.queue, help="K recent ids (default %(default)s)")
+    parser.add_argument("--dim", type=int, default=defaults.dim)
+    parser.add_argument("--chunk-size", type=int, default=defaults.chunk_size)
+    parser.add_argument("--steps", type=int, default=defaults.steps, help="timed steps per N")
+    parser.add_argument("--warmup", type=int, default=defaults.warmup, help="untimed steps per N")
+    parser.add_argument("--store", default=defaults.store, choices=["device", "host", "disk"])
+    parser.add_argument("--store-dir", help="where a disk store goes (default: a temporary directory)")
+    parser.add_argument("--cap-gib", type=float, default=defaults.cap_gib, help="full-softmax memory cap")
+    parser.add_argument("--full-max-classes", type=int, default=defaults.full_max_classes,
+                        help="time full-softmax steps up to this N only (a step is O(N))")
+    parser.add_argument("--json", type=Path, help="also write the numbers to this JSON file")
+    parser.set_defaults(handler=_run_bench_pic)
+
+
+def _run_bench_pic(args: argparse.Namespace) -> int:
+    from trainer.bench.pic_bench import PicBenchSettings, format_report, run, write_json
+
+    settings = PicBenchSettings(
+        sizes=tuple(args.sizes.split(",")), batch=args.batch, queue=args.queue, dim=args.dim,
+        chunk_size=args.chunk_size, steps=args.steps, warmup=args.warmup, store=args.store, store_dir=args.store_dir,
+        cap_gib=args.cap_gib, full_max_classes=args.full_max_classes,
+    )
+    report = run(settings)
+    print(format_report(report))
+    if args.json:
+        write_json(report, args.json)
     return 0
 
 
@@ -200,7 +241,7 @@ def _run_bench_ddp_vs_dhp(args: argparse.Namespace) -> int:
 
 
 def _add_plan(commands) -> None:
-    parser = commands.add_parser("plan", help="predict per-GPU memory of a job for DDP and DHP, and the largest N")
+    parser = commands.add_parser("plan", help="predict per-GPU memory of a job for DDP, DHP and PIC, and the largest N")
     parser.add_argument("--num-classes", type=int, required=True)
     parser.add_argument("--ranks", type=int, required=True, help="GPUs (T)")
     parser.add_argument("--batch", type=int, default=4096, help="global images per step")
@@ -217,6 +258,9 @@ def _add_plan(commands) -> None:
     parser.add_argument("--update-in-backward", action="store_true", help="DHP: no full gradient of W")
     parser.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory per GPU (or per rank)")
     parser.add_argument("--cpu", action="store_true", help="plan CPU ranks (no CUDA context / NCCL buffers)")
+    parser.add_argument("--queue", type=int, default=65536, help="PIC: K recent ids scored besides the batch")
+    parser.add_argument("--row-store", default="host", choices=["device", "host", "disk"],
+                        help="PIC: where W and its momentum live (device counts them in device memory)")
     parser.set_defaults(handler=_run_plan)
 
 
@@ -228,7 +272,8 @@ def _run_plan(args: argparse.Namespace) -> int:
         chunk_size=args.chunk_size, logits_cache_bytes=int(args.logits_cache_gib * GIB), dtype=args.dtype,
         momentum=not args.no_momentum,
         update_in_backward=args.update_in_backward, backbone=args.backbone, image_size=args.image_size,
-        views=args.views, zero_stage=args.zero_stage, device="cpu" if args.cpu else "gpu",
+        views=args.views, zero_stage=args.zero_stage, device="cpu" if args.cpu else "gpu", queue=args.queue,
+        row_store=args.row_store,
     )
     print(format_plan(plan, int(args.gpu_memory_gib * GIB)))
     return 0
@@ -333,6 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench_classifier(benchmarks)
     _add_bench_data(benchmarks)
     _add_bench_ddp_vs_dhp(benchmarks)
+    _add_bench_pic(benchmarks)
     return parser
 
 

@@ -23,12 +23,13 @@ from trainer.models import ModelConfig, build_model
 
 GIB = 2**30
 CPU_BUFFERS = 8 * 2**20
+UNBOUNDED_CLASSES = 10**12  # "any N": device memory does not grow with N (PIC with rows off the device)
 GPU_BUFFERS = 1 * GIB
 
 
 @dataclass(frozen=True)
 class PlanInput:
-    mode: str  # "ddp" (replicated W) or "dhp" (sharded W)
+    mode: str  # "ddp" (replicated W), "dhp" (sharded W) or "pic" (sharded W, sampled rows)
     num_classes: int
     ranks: int
     batch: int = 4096  # global images per step
@@ -43,10 +44,12 @@ class PlanInput:
     views: int = 2
     zero_stage: int = 0
     device: str = "gpu"  # "gpu" adds the CUDA context + NCCL buffers
+    queue: int = 65536  # pic: K recent ids scored besides the batch
+    row_store: str = "host"  # pic: "device" keeps W and momentum on the device; "host"/"disk" do not
 
     def __post_init__(self) -> None:
-        if self.mode not in ("ddp", "dhp"):
-            raise ValueError(f"--mode {self.mode!r}: choose ddp or dhp")
+        if self.mode not in ("ddp", "dhp", "pic"):
+            raise ValueError(f"--mode {self.mode!r}: choose ddp, dhp or pic")
         if self.ranks < 1 or self.batch % self.ranks:
             raise ValueError(f"--batch {self.batch} must be a multiple of --ranks {self.ranks}")
         if self.logits_cache_bytes < 0:
@@ -59,7 +62,29 @@ def _element_size(dtype: str) -> int:
     return torch.empty((), dtype=getattr(torch, dtype)).element_size()
 
 
+def pic_breakdown(plan: PlanInput) -> dict[str, int]:
+    """PIC: a step scores the batch's ids plus K recent ids, about (K + batch) / T rows per rank
+    (fewer when ids repeat), fetched with their momentum; the leaf the kernel differentiates shares
+    the fetched fp32 rows, so the gradient is the third copy.  W and its momentum count on the
+    device only for ``row_store: device``."""
+    shard = -(-plan.num_classes // plan.ranks) * plan.dim * 4
+    sampled = min(-(-(plan.queue + plan.batch) // plan.ranks), -(-plan.num_classes // plan.ranks))
+    on_device = plan.row_store == "device"
+    scored = plan.batch * plan.views
+    chunk = min(plan.chunk_size, sampled)
+    workspace = scored * chunk * (4 + (_element_size(plan.dtype) if plan.dtype != "float32" else 0))
+    workspace += 2 * chunk * plan.dim * 4 + chunk * 4 + scored * plan.dim * (4 + _element_size(plan.dtype))
+    return {
+        "classifier weights": shard if on_device else 0,
+        "classifier momentum": shard if on_device and plan.momentum else 0,
+        "sampled rows (W, momentum, gradient)": 3 * sampled * plan.dim * 4,
+        "logits/activations (chunk workspace)": workspace,
+    }
+
+
 def classifier_breakdown(plan: PlanInput) -> dict[str, int]:
+    if plan.mode == "pic":
+        return pic_breakdown(plan)
     rows = plan.num_classes if plan.mode == "ddp" else -(-plan.num_classes // plan.ranks)
     scored = plan.batch * plan.views // plan.ranks * (1 if plan.mode == "ddp" else plan.ranks)
     chunk = min(plan.chunk_size, rows)
@@ -133,7 +158,7 @@ def total(plan: PlanInput) -> int:
 def largest_classes(plan: PlanInput, capacity_bytes: int) -> int:
     """The largest N whose prediction fits ``capacity_bytes`` (0 if even N = ranks does not)."""
     low, high = 0, 1
-    while total(replace(plan, num_classes=max(high, plan.ranks))) <= capacity_bytes and high < 10**12:
+    while total(replace(plan, num_classes=max(high, plan.ranks))) <= capacity_bytes and high < UNBOUNDED_CLASSES:
         low, high = high, high * 2
     while high - low > max(1, low // 1000):  # 0.1% resolution
         middle = (low + high) // 2
@@ -146,14 +171,17 @@ def largest_classes(plan: PlanInput, capacity_bytes: int) -> int:
 
 def format_plan(plan: PlanInput, capacity_bytes: int) -> str:
     lines = []
-    for mode in ("ddp", "dhp"):
+    for mode in ("ddp", "dhp", "pic"):
         variant = replace(plan, mode=mode, update_in_backward=plan.update_in_backward and mode == "dhp")
         breakdown = predict(variant)
         need = sum(breakdown.values())
         verdict = "fits" if need <= capacity_bytes else "does NOT fit"
-        lines.append(f"{mode.upper()}: N={plan.num_classes:,}, T={plan.ranks}, batch {plan.batch}, D={plan.dim}, "
+        label = mode.upper() if mode != "pic" else f"PIC (K={plan.queue:,} recent ids, rows on {plan.row_store})"
+        lines.append(f"{label}: N={plan.num_classes:,}, T={plan.ranks}, batch {plan.batch}, D={plan.dim}, "
                      f"{plan.dtype}: {need / GIB:.2f} GiB per rank -> {verdict} in {capacity_bytes / GIB:g} GiB")
         for name, value in breakdown.items():
             lines.append(f"    {name:<42}{value / GIB:>10.3f} GiB")
-        lines.append(f"    largest N that fits: {largest_classes(variant, capacity_bytes):,}")
+        largest = largest_classes(variant, capacity_bytes)
+        lines.append("    largest N that fits: " + ("any (device memory does not grow with N)"
+                                                     if largest >= UNBOUNDED_CLASSES // 2 else f"{largest:,}"))
     return "\n".join(lines)
