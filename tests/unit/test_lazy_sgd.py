@@ -1,4 +1,5 @@
-"""Lazy SGD on sampled rows against dense torch SGD in which unsampled rows get a zero gradient."""
+"""Lazy SGD on sampled rows (through a working set and a row store) against dense torch SGD in
+which unsampled rows get a zero gradient."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 from trainer.classifier.lazy_sgd import LazyRowSGD
 from trainer.classifier.row_store import make_row_store
 from trainer.classifier.transitions import StepTransitions
+from trainer.classifier.working_set import WorkingSet
 from trainer.engine.schedule import LRSchedule
 
 
@@ -48,7 +50,8 @@ def test_lazy_rows_equal_dense_sgd_over_warmup_and_cosine(kind, tmp_path):
     reference = torch.optim.SGD([dense], lr=0.0, momentum=momentum, weight_decay=weight_decay)
     store = make_row_store(kind, rows, dim, torch.float64, torch.device("cpu"), tmp_path / "rows")
     store.fill(lambda a, b: initial[a:b], None, 0)
-    lazy = LazyRowSGD(store, momentum, weight_decay)
+    lazy = LazyRowSGD(momentum, weight_decay)
+    working = WorkingSet(store, lazy)
 
     for step in range(steps):
         lr = schedule.lr_at(step)
@@ -64,15 +67,17 @@ def test_lazy_rows_equal_dense_sgd_over_warmup_and_cosine(kind, tmp_path):
         reference.param_groups[0]["lr"] = lr
         reference.step()
 
-        index = torch.from_numpy(sampled)
-        weight, mom = lazy.fetch(index, step)
+        weight, mom = working.gather(sampled, step)
         lazy.param_groups[0]["lr"] = lr
         leaf = weight.clone().requires_grad_(True)
         leaf.grad = grad
-        lazy.set_pending(index, weight, mom, leaf, step)
+        lazy.set_pending(weight, mom, leaf, step)
         lazy.step()
+        working.stepped(step)
+        if step == steps // 2:  # a checkpoint in the middle: every row brought to this step
+            working.materialize(step + 1)
 
-    lazy.materialize(steps)
+    working.materialize(steps)
     expected_momentum = reference.state[dense]["momentum_buffer"]
     assert (store.last_step == steps).all()
     torch.testing.assert_close(store.weight, dense.detach(), rtol=1e-9, atol=1e-12)

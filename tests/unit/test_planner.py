@@ -59,3 +59,16 @@ def test_plan_command_reports_the_cache(capsys):
     assert main("plan --num-classes 1000000 --ranks 2 --batch 256 --views 1 --cpu --logits-cache-gib 1".split()) == 0
     report = capsys.readouterr().out
     assert report.count("logits cache") == 2 and f"{256 * 500_000 * 4 / GIB:.3f} GiB" in report
+
+
+def test_pic_rows_off_the_device_make_device_memory_independent_of_n():
+    small = PlanInput(mode="pic", num_classes=1_281_167, ranks=8, batch=512, device="cpu")
+    large = PlanInput(mode="pic", num_classes=50_000_000, ranks=8, batch=512, device="cpu")
+    assert total(small) == total(large)
+    assert predict(large)["sampled rows (W, momentum, gradient)"] == 3 * ((65536 + 512) // 8) * 128 * 4
+    on_device = PlanInput(mode="pic", num_classes=50_000_000, ranks=8, batch=512, device="cpu", row_store="device")
+    assert predict(on_device)["classifier weights"] == 6_250_000 * 128 * 4
+    full = PlanInput(mode="dhp", num_classes=50_000_000, ranks=8, batch=512, device="cpu")
+    assert total(full) > 3 * total(on_device) / 2 > total(large)
+    text = format_plan(large, 16 * GIB)
+    assert "PIC (K=65,536 recent ids, rows on host)" in text and "any (device memory does not grow with N)" in text

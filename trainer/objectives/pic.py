@@ -32,6 +32,7 @@ from trainer.classifier.module import gaussian_rows
 from trainer.classifier.recent_ids import RecentIds
 from trainer.classifier.row_store import STORE_KINDS, make_row_store
 from trainer.classifier.sharding import ClassShard
+from trainer.classifier.working_set import WorkingSet
 from trainer.objectives.base import LossOut, Objective, ObjectiveConfig, ObjectiveContext, ShardedRows, StepViews
 from trainer.parallel.collectives import CommTimer, all_gather_rows_with_grad, all_reduce_, scale_grad
 
@@ -88,17 +89,6 @@ class PicConfig(ObjectiveConfig):
                 raise ValueError(f"{name}={getattr(self, name)!r} is invalid: {fix}")
 
 
-@dataclass
-class _Fetched:
-    """A step's sampled rows on this rank, brought forward to that step."""
-
-    step: int
-    ids: np.ndarray  # global ids of the sampled rows this rank owns, sorted
-    rows: torch.Tensor  # the same as local row indices (int64, CPU)
-    weight: torch.Tensor
-    momentum: torch.Tensor
-
-
 class PicObjective(Objective):
     config: PicConfig
 
@@ -113,14 +103,15 @@ class PicObjective(Objective):
         start = self.shard.class_start
         self.store.fill(lambda a, b: gaussian_rows(start + a, b - a, context.feature_dim, config.init_std, context.seed),
                         None, 0)
-        self.optimizer = LazyRowSGD(self.store, context.optim.momentum, context.optim.weight_decay)
+        self.optimizer = LazyRowSGD(context.optim.momentum, context.optim.weight_decay)
         self.optimizer.after_step = self._after_step
+        self.working = WorkingSet(self.store, self.optimizer)
         self.recent = RecentIds(config.queue_size)
         self.kernel_settings = KernelSettings(temperature=config.temperature, chunk_size=config.chunk_size)
         self.comm_timer = CommTimer()
         self.next_step = 0  # the step every row not in the store's last_step is behind of
         self._next_batch = None  # the sampler's next global batch, for the prefetch
-        self._prefetch: tuple[int, np.ndarray, Future] | None = None
+        self._prefetch: tuple[int, np.ndarray | None, Future] | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="pic-prefetch") if config.prefetch else None
         self._side_stream = torch.cuda.Stream(dims.device) if config.prefetch and dims.device.type == "cuda" else None
         self._sampled_rows = 0
@@ -135,48 +126,50 @@ class PicObjective(Objective):
             return None
         return np.union1d(self.recent.ids(), batch_ids.reshape(-1))
 
-    def _local_ids(self, sampled: np.ndarray | None) -> np.ndarray:
+    def _local_rows(self, sampled: np.ndarray | None) -> np.ndarray:
+        """Sorted local row indices of the sampled ids this rank owns."""
         start, end = self.shard.class_start, self.shard.class_end
         if sampled is None:
-            return np.arange(start, end, dtype=np.int64)
-        return sampled[np.searchsorted(sampled, start) : np.searchsorted(sampled, end)]
+            return np.arange(end - start, dtype=np.int64)
+        return sampled[np.searchsorted(sampled, start) : np.searchsorted(sampled, end)] - start
 
-    def _fetch(self, step: int, sampled: np.ndarray | None) -> _Fetched:
-        ids = self._local_ids(sampled)
-        rows = torch.from_numpy(ids - self.shard.class_start)
-        if self._side_stream is not None:  # the prefetch thread copies on its own stream
-            with torch.cuda.stream(self._side_stream):
-                weight, momentum = self.optimizer.fetch(rows, step)
-            self._side_stream.synchronize()
-        else:
-            weight, momentum = self.optimizer.fetch(rows, step)
-        return _Fetched(step, ids, rows, weight, momentum)
+    def _read_new(self, rows: np.ndarray, step: int):
+        """The prefetch: store rows the next step needs and the working set lacks."""
+        if self._side_stream is None:
+            return self.working.read_store(rows, step)
+        with torch.cuda.stream(self._side_stream):  # copies overlap the main stream's work
+            fetched = self.working.read_store(rows, step)
+        self._side_stream.synchronize()
+        return fetched
 
-    def _rows_for(self, step: StepViews) -> _Fetched:
+    def _rows_for(self, step: StepViews) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+        """``(local rows, W rows, momentum rows)`` of the step's sampled set, current at this step."""
         sampled = self._sampled_ids(step.global_batch.ids)
+        rows = self._local_rows(sampled)
         start = time.perf_counter()
-        fetched = None
+        new = None
         if self._prefetch is not None:
             prefetch_step, prefetch_sampled, future = self._prefetch
             self._prefetch = None
             result = future.result()
             if prefetch_step == step.step and _same(prefetch_sampled, sampled):
-                fetched = result
+                new = result
                 if self._side_stream is not None:
-                    for tensor in (fetched.weight, fetched.momentum):
+                    for tensor in result:
                         tensor.record_stream(torch.cuda.current_stream(self.context.dims.device))
-        if fetched is None:
-            fetched = self._fetch(step.step, sampled)
+        weight, momentum = self.working.gather(rows, step.step, new)
         self._wait_seconds += time.perf_counter() - start
-        return fetched
+        return rows, weight, momentum
 
     def _after_step(self, step: int) -> None:
-        """After the update of ``step``: remember its ids, start fetching the next step's rows."""
+        """After the update of ``step``: remember its ids, start reading the next step's new rows."""
+        self.working.stepped(step)
         self.recent.push(self._pushed_ids)
         self.next_step = step + 1
         if self._pool is not None and self._next_batch is not None:
             sampled = self._sampled_ids(self._next_batch.ids)
-            self._prefetch = (step + 1, sampled, self._pool.submit(self._fetch, step + 1, sampled))
+            missing = self.working.new_rows(self._local_rows(sampled))
+            self._prefetch = (step + 1, sampled, self._pool.submit(self._read_new, missing, step + 1))
 
     def _drop_prefetch(self) -> None:
         """Wait for and discard a prefetch (before anything else reads or writes the store)."""
@@ -193,8 +186,8 @@ class PicObjective(Objective):
         if step.global_batch is None:
             raise ValueError("the pic objective needs StepViews.global_batch (the sampler's ids of every rank)")
         dims, views = self.context.dims, len(step.views)
-        fetched = self._rows_for(step)
-        self._sampled_rows = fetched.ids.size
+        rows, weight, momentum = self._rows_for(step)
+        self._sampled_rows = rows.size
         self._next_batch = step.next_global_batch
         # Only valid ids enter the queue: padding repeats were seen earlier in the epoch.
         self._pushed_ids = step.global_batch.ids[step.global_batch.valid]
@@ -205,13 +198,14 @@ class PicObjective(Objective):
         group_ids = np.concatenate([np.tile(step.global_batch.ids[r], views) for r in range(first, first + size)])
         group_valid = np.concatenate([np.tile(step.global_batch.valid[r], views) for r in range(first, first + size)])
         owned = (group_ids >= self.shard.class_start) & (group_ids < self.shard.class_end)
-        target_cols = np.where(owned, np.searchsorted(fetched.ids, group_ids), -1)
+        target_cols = np.where(owned, np.searchsorted(rows, group_ids - self.shard.class_start), -1)
         device = dims.device
         target_cols = torch.from_numpy(target_cols[:, None]).to(device, non_blocking=True)
         valid = torch.from_numpy(group_valid.astype(np.float32)).to(device, non_blocking=True)
 
-        leaf = fetched.weight.float().detach().requires_grad_(True)
-        self.optimizer.set_pending(fetched.rows, fetched.weight, fetched.momentum, leaf, step.step)
+        # For fp32 rows the leaf shares their memory: the update after backward writes them in place.
+        leaf = weight.float().detach().requires_grad_(True)
+        self.optimizer.set_pending(weight, momentum, leaf, step.step)
         features = torch.cat([view.features for view in step.views])
         # Backbone gradients are averaged over all ranks; a rank's features feed the whole group.
         features = scale_grad(F.normalize(features, dim=1), size)
@@ -247,7 +241,7 @@ class PicObjective(Objective):
     def state_dict(self) -> dict:
         """Every row brought to the current step first, so the saved W and momentum are exact."""
         self._drop_prefetch()
-        self.optimizer.materialize(self.next_step)
+        self.working.materialize(self.next_step)
         self.store.flush()
         return {"weight": self._rows(self.store.weight), "momentum": self._rows(self.store.momentum),
                 "recent": self.recent.state_dict(), "step": self.next_step}
@@ -258,6 +252,7 @@ class PicObjective(Objective):
         weight, momentum = state["weight"].rows, state["momentum"].rows
         self.store.fill(lambda a, b: weight[a:b], lambda a, b: momentum[a:b], step)
         self.optimizer.transitions.reset(step)
+        self.working.reset(step)
         self.recent.load_state_dict(state["recent"])
         self.next_step = step
 

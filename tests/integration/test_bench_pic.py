@@ -1,0 +1,20 @@
+"""`instcls bench pic` in miniature: PIC points with a disk store next to the full softmax, which
+runs where it fits and fails to allocate where it does not (the paper's Appendix E)."""
+
+from trainer.bench.pic_bench import PicBenchSettings, format_report, run
+
+
+def test_bench_pic_reports_flat_memory_next_to_the_full_softmax(tmp_path):
+    settings = PicBenchSettings(sizes=("4000", "600000"), batch=16, queue=512, steps=2, warmup=1, cap_gib=0.2,
+                                full_max_classes=4000, store_dir=str(tmp_path / "stores"))
+    report = run(settings, progress=lambda line: None)
+    pic_small, pic_large = report.sampled
+    full_small, full_large = report.full
+    assert pic_small["status"] == pic_large["status"] == "ok", report.sampled
+    assert pic_large["store_bytes"] >= 600000 * 128 * 4 * 2  # W and momentum went to disk...
+    assert pic_large["peak_anon_bytes"] < 600000 * 128 * 4  # ...not into anonymous memory
+    assert full_small["status"] == "ok" and full_small["step_s"] > 0
+    assert full_large["status"] == "oom", full_large  # 600k x 128 fp32 rows alone exceed 0.2 GiB
+    assert not (tmp_path / "stores" / "store-600000").exists()  # each store is removed after its point
+    text = format_report(report)
+    assert "PIC from N=4,000 to N=600,000: peak memory x" in text and "| 600,000 |" in text and "OOM" in text
