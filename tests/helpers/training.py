@@ -65,7 +65,7 @@ def classifier_rows(checkpoint: Path) -> dict[str, torch.Tensor]:
     files = sorted((checkpoint / "components" / "objective").glob("rank-*.pt"))
     states = [torch.load(f, weights_only=True) for f in files]
     tables = {}
-    for key in ("weight", "momentum", "hard_negatives"):
+    for key in ("weight", "momentum", "hard_negatives", "rows"):
         if key not in states[0]:
             continue
         pieces = sorted((s[key] for s in states if s[key]["rows"] is not None), key=lambda piece: piece["start"])
@@ -73,6 +73,9 @@ def classifier_rows(checkpoint: Path) -> dict[str, torch.Tensor]:
         for before, after in zip(pieces, pieces[1:]):
             assert before["end"] == after["start"], f"{key}: rows saved twice or not at all"
         tables[key] = torch.cat([piece["rows"] for piece in pieces])
+    if "rows" in tables:  # pic keeps W and momentum side by side, [N, 2, D]
+        rows = tables.pop("rows")
+        tables["weight"], tables["momentum"] = rows[:, 0], rows[:, 1]
     return tables
 
 

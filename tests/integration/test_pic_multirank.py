@@ -176,7 +176,8 @@ def test_lazy_correction_equals_dense_sgd_across_resume_and_reshards(tmp_path):
         queue.extend(ids.tolist())
 
     final = tmp_path / f"step{STEPS}"
-    got_weight, got_momentum = _saved_rows(final, "weight"), _saved_rows(final, "momentum")
+    saved = _saved_rows(final, "rows")  # [N, 2, D]: W and momentum side by side
+    got_weight, got_momentum = saved[:, 0], saved[:, 1]
     expected_momentum = dense.state[weight]["momentum_buffer"]
     relative = lambda got, want: float((got - want).norm() / want.norm())  # noqa: E731
     assert relative(got_weight, weight.detach()) <= 1e-6

@@ -31,7 +31,7 @@ def test_pic_resumes_mid_window_from_a_disk_store_to_the_uninterrupted_state(dig
 
     # The disk store's files hold the rows (the rank's anonymous memory does not), and the recent
     # ids after 20 steps of 128 are the last 256 ids read.
-    assert (tmp_path / "rows" / "rank-00001" / "weight.bin").stat().st_size == 719 * 128 * 4
+    assert (tmp_path / "rows" / "rank-00001" / "rows.bin").stat().st_size == 719 * 2 * 128 * 4
     recent = torch.load(resumed / "components" / "objective" / "rank-00000.pt", weights_only=True)["recent"]
     assert recent["capacity"] == 256 and recent["ids"].numel() == 256
     rows = classifier_rows(resumed)

@@ -109,13 +109,13 @@ class PicObjective(Objective):
         self.recent = RecentIds(config.queue_size)
         self.kernel_settings = KernelSettings(temperature=config.temperature, chunk_size=config.chunk_size)
         self.comm_timer = CommTimer()
-        self.next_step = 0  # the step every row not in the store's last_step is behind of
+        self.next_step = 0  # the next step to run; a checkpoint brings every row to it
         self._next_batch = None  # the sampler's next global batch, for the prefetch
         self._prefetch: tuple[int, np.ndarray | None, Future] | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="pic-prefetch") if config.prefetch else None
         self._side_stream = torch.cuda.Stream(dims.device) if config.prefetch and dims.device.type == "cuda" else None
         self._sampled_rows = 0
-        self._wait_seconds = 0.0
+        self._fetch_seconds = 0.0
         self._pushed_ids = np.zeros(0, dtype=np.int64)
 
     # -- which rows a step scores ----------------------------------------------------------------
@@ -158,7 +158,7 @@ class PicObjective(Objective):
                     for tensor in result:
                         tensor.record_stream(torch.cuda.current_stream(self.context.dims.device))
         weight, momentum = self.working.gather(rows, step.step, new)
-        self._wait_seconds += time.perf_counter() - start
+        self._fetch_seconds += time.perf_counter() - start
         return rows, weight, momentum
 
     def _after_step(self, step: int) -> None:
@@ -227,8 +227,8 @@ class PicObjective(Objective):
     def metrics(self) -> dict[str, float]:
         metrics = {"comm_seconds": self.comm_timer.drain(), "sampled_rows": float(self._sampled_rows),
                    "corrected_rows": float(self.optimizer.corrected_rows),
-                   "row_wait_seconds": round(self._wait_seconds, 4)}
-        self.optimizer.corrected_rows, self._wait_seconds = 0, 0.0
+                   "row_fetch_seconds": round(self._fetch_seconds, 4)}
+        self.optimizer.corrected_rows, self._fetch_seconds = 0, 0.0
         return metrics
 
     # -- checkpoints -----------------------------------------------------------------------------
@@ -243,14 +243,14 @@ class PicObjective(Objective):
         self._drop_prefetch()
         self.working.materialize(self.next_step)
         self.store.flush()
-        return {"weight": self._rows(self.store.weight), "momentum": self._rows(self.store.momentum),
-                "recent": self.recent.state_dict(), "step": self.next_step}
+        # One tensor [rows, 2, D] (W, momentum): a view per part would save the shared storage twice.
+        return {"rows": self._rows(self.store.rows), "recent": self.recent.state_dict(), "step": self.next_step}
 
     def load_state_dict(self, state: dict) -> None:
         self._drop_prefetch()
         step = state["step"]
-        weight, momentum = state["weight"].rows, state["momentum"].rows
-        self.store.fill(lambda a, b: weight[a:b], lambda a, b: momentum[a:b], step)
+        rows = state["rows"].rows
+        self.store.fill(lambda a, b: rows[a:b, 0], lambda a, b: rows[a:b, 1], step)
         self.optimizer.transitions.reset(step)
         self.working.reset(step)
         self.recent.load_state_dict(state["recent"])
