@@ -1,7 +1,8 @@
 """PIC on gloo ranks against independent float64 references.
 
 * One sampled step at T = 1, 2, 3: loss and gradients equal ``F.cross_entropy`` on the full matrix
-  restricted to the sampled columns (the batch plus the recent ids).
+  restricted to the sampled columns (the batch plus the recent ids); with ``negatives: all``, on
+  the full matrix.
 * The heart of PIC: thousands of steps of sampling + lazy correction (warm-up + cosine, momentum,
   weight decay, rows untouched for thousands of steps, prefetch on) through a checkpoint and two
   reshards (2 -> 1 -> 2 ranks) give the W and momentum of dense SGD in which unsampled rows get a
@@ -83,16 +84,16 @@ def _small_batches(steps):
     return ids, features
 
 
-def _check_one_sampled_step():
+def _check_one_sampled_step(negatives: str):
     dims = init_distributed()
-    objective = _objective(dims, N_SMALL, QUEUE_SMALL, prefetch=False)
+    objective = _objective(dims, N_SMALL, QUEUE_SMALL, prefetch=False, negatives=negatives)
     ids, features = _small_batches(3)
     for step in range(2):  # lr 0: W stays at its initial rows, the queue fills
         _run_step(objective, dims, step, 0.0, ids[step], features[step].float())
     loss, views, leaf_grad = _run_step(objective, dims, 2, 0.0, ids[2], features[2].float())
 
     queue = np.concatenate(ids[:2])[-QUEUE_SMALL:]
-    sampled = np.union1d(queue, ids[2])
+    sampled = np.union1d(queue, ids[2]) if negatives == "recent" else np.arange(N_SMALL)
     weight = gaussian_rows(0, N_SMALL, DIM, INIT_STD, SEED).double().requires_grad_()
     feats = features[2].clone().requires_grad_()
     reference = _reference_sampled_loss(weight, feats, ids[2], sampled)
@@ -112,7 +113,11 @@ def _check_one_sampled_step():
 
 @pytest.mark.parametrize("ranks", [1, 2, 3])
 def test_sampled_step_equals_cross_entropy_on_the_sampled_columns(ranks):
-    spawn_local_workers(_check_one_sampled_step, ranks)
+    spawn_local_workers(_check_one_sampled_step, ranks, "recent")
+
+
+def test_without_sampling_the_step_is_the_full_softmax():
+    spawn_local_workers(_check_one_sampled_step, 2, "all")
 
 
 # -- lazy correction against dense SGD across a checkpoint and two reshards ----------------------

@@ -43,7 +43,7 @@ class PicBenchSettings:
     queue: int = 65536  # K
     dim: int = 128
     chunk_size: int = 65536
-    steps: int = 5
+    steps: int = 10
     warmup: int = 2
     store: str = "disk"
     store_dir: str | None = None  # default: a temporary directory
@@ -174,24 +174,22 @@ def run_sampled(settings: PicBenchSettings, num_classes: int, store_root: Path) 
 
 
 def run_full(settings: PicBenchSettings, num_classes: int) -> dict:
-    """Full-softmax DHP under the cap; allocation alone decides beyond ``full_max_classes``."""
+    """Full-softmax DHP under the cap; where it would fit but a step takes too long
+    (beyond ``full_max_classes``) it is not run."""
     from trainer.bench.ddp_vs_dhp import SweepSettings, run_point
+    from trainer.bench.planner import PlanInput, total
 
-    steps = 1 if num_classes <= settings.full_max_classes else 0
+    need = total(PlanInput(mode="dhp", num_classes=num_classes, ranks=1, batch=settings.batch, dim=settings.dim,
+                           chunk_size=settings.chunk_size, device="cpu"))
+    result = {"num_classes": num_classes, "planned_bytes": need}
+    if num_classes > settings.full_max_classes and need <= settings.cap_gib * GIB:
+        return result | {"status": "not run", "message": "fits, but a step is O(N): raise --full-max-classes"}
     sweep = SweepSettings(ranks=1, batch=settings.batch, dim=settings.dim, chunk_size=settings.chunk_size,
-                          cap_gib=settings.cap_gib, steps=max(steps, 1), warmup=0)
-    if not steps:
-        from trainer.bench.planner import PlanInput, total
-
-        need = total(PlanInput(mode="dhp", num_classes=num_classes, ranks=1, batch=settings.batch, dim=settings.dim,
-                               chunk_size=settings.chunk_size, device="cpu"))
-        if need <= settings.cap_gib * GIB:
-            return {"num_classes": num_classes, "status": "not run",
-                    "message": f"fits ({need / GIB:.1f} GiB) but a step is O(N); raise --full-max-classes"}
+                          cap_gib=settings.cap_gib, steps=1, warmup=0)
     point = run_point(sweep, "dhp", num_classes)
     rank = point["ranks"][0] if point["ranks"] else {}
-    return {"num_classes": num_classes, "status": point["status"], "step_s": rank.get("step_s"),
-            "peak_bytes": rank.get("peak_above_baseline_bytes"), "message": rank.get("message", "")}
+    return result | {"status": point["status"], "step_s": rank.get("step_s"),
+                     "peak_bytes": rank.get("peak_above_baseline_bytes"), "message": rank.get("message", "")}
 
 
 @dataclass
@@ -252,8 +250,10 @@ def format_report(report: PicBenchReport) -> str:
             pic_cells = f"{pic['status']} | | |"
         if full["status"] == "ok":
             full_cells = f"{full['step_s']:.3f} | {full['peak_bytes'] / MIB:,.0f}"
+        elif full["status"] == "oom":
+            full_cells = f"OOM | needs {full['planned_bytes'] / GIB:.1f} GiB (plan) > {s.cap_gib:g} GiB"
         else:
-            full_cells = f"{full['status'].upper()} | {full.get('message', '')[:60]}"
+            full_cells = f"{full['status']} | {full.get('message', '')[:60]}"
         lines.append(f"| {pic['num_classes']:,} | {pic_cells} | {full_cells} |")
     summary = report.summary()
     if "memory_growth" in summary:
