@@ -181,6 +181,8 @@ def _add_bench_data(subparsers) -> None:
     parser.add_argument("--threads", type=int, default=defaults.threads, help="DALI threads = DataLoader workers")
     parser.add_argument("--batches", type=int, default=defaults.batches, help="timed batches")
     parser.add_argument("--warmup", type=int, default=defaults.warmup, help="untimed batches")
+    parser.add_argument("--multicrop", type=int, default=defaults.multicrop,
+                        help="small views of the multi-crop recipe measured too (0: only the configured views)")
     parser.set_defaults(handler=_run_bench_data)
 
 
@@ -190,7 +192,7 @@ def _run_bench_data(args: argparse.Namespace) -> int:
     settings = DataBenchSettings(
         shards=args.shards, synthetic_count=args.synthetic_count, image_size=args.image_size,
         crop_size=args.crop_size, views=args.views, small_crops=args.small_crops, batch=args.batch,
-        threads=args.threads, batches=args.batches, warmup=args.warmup,
+        threads=args.threads, batches=args.batches, warmup=args.warmup, multicrop=args.multicrop,
     )
     print(format_report(settings, run(settings)))
     return 0

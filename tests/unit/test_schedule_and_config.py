@@ -48,7 +48,7 @@ def test_shipped_configs_load():
         ("data: {train_shards: x, loader: {augment: {crop_scale: [0.5]}}}", r"crop_scale=\[0.5\] is invalid: expected a list of 2"),
         ("data: {train_shards: x}\nobjective: {name: instance, top_k: 0}", r"objective.top_k=0 is invalid: use K >= 1"),
         ("data: {train_shards: x}\nobjective: {temperature: 0.01}", r"objective.temperature=0.01 is invalid: use a temperature >= 0.02"),
-        ("data: {train_shards: x}\nobjective: {name: simclr}", r"objective.name='simclr' is invalid: choose one of \['instance', 'pic'\]"),
+        ("data: {train_shards: x}\nobjective: {name: simclr}", r"objective.name='simclr' is invalid: choose one of \['instance', 'pic', 'swav'\]"),
         ("data: {train_shards: x}\nobjective: {mode: replicated}", r"objective.mode='replicated' is invalid: choose one of \('dhp', 'ddp'\)"),
         ("data: {train_shards: x}\nobjective: {name: instance, update_in_backward: true, mode: ddp}",
          r"objective.update_in_backward=True is invalid: the in-backward update needs mode 'dhp'"),
