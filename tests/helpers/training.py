@@ -66,7 +66,7 @@ def classifier_rows(checkpoint: Path) -> dict[str, torch.Tensor]:
     states = [torch.load(f, weights_only=True) for f in files]
     tables = {}
     for key in ("weight", "momentum", "hard_negatives", "rows"):
-        if key not in states[0]:
+        if not isinstance(states[0].get(key), dict):  # absent, or not row-sharded (e.g. swav's momentum)
             continue
         pieces = sorted((s[key] for s in states if s[key]["rows"] is not None), key=lambda piece: piece["start"])
         assert pieces[0]["start"] == 0 and pieces[-1]["end"] == pieces[0]["total"], f"{key}: rows missing"

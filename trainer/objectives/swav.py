@@ -199,12 +199,15 @@ class SwavObjective(Objective):
         used = torch.zeros(codes.shape[1], device=codes.device)
         used[codes[valid].argmax(dim=1)] = 1.0
         entropy = -(codes * torch.log(codes.clamp_min(1e-12))).sum(dim=1)
-        stats = torch.cat([used, torch.stack([(entropy * valid).sum(), valid.sum().float()])])
+        # Each rank's loss is its share of the global mean times the world size: the mean of the
+        # shares is the global loss (a padded last batch would skew one rank's value).
+        totals = torch.stack([(entropy * valid).sum(), valid.sum().float(), loss.detach().float() / dims.world_size])
+        stats = torch.cat([used, totals])
         all_reduce_(stats, torch.distributed.ReduceOp.SUM, dims.data_parallel_group, self.comm_timer)
-        self._usage = float((stats[:-2] > 0).float().mean())
-        self._entropy = float(stats[-2] / stats[-1].clamp_min(1.0))
+        self._usage = float((stats[:-3] > 0).float().mean())
+        self._entropy = float(stats[-3] / stats[-2].clamp_min(1.0))
         ln_k = math.log(self.config.num_prototypes)
-        near = abs(float(loss) - ln_k) < COLLAPSE_TOLERANCE * ln_k
+        near = abs(float(stats[-1]) - ln_k) < COLLAPSE_TOLERANCE * ln_k
         self._losses_near_ln_k = self._losses_near_ln_k + 1 if near else 0
         if self._losses_near_ln_k >= self.config.collapse_log_steps and not self._collapse_warned:
             self._collapse_warned = True
@@ -217,8 +220,9 @@ class SwavObjective(Objective):
 
     def metrics(self) -> dict[str, float]:
         metrics = {"comm_seconds": self.comm_timer.drain(),
-                   "sinkhorn_seconds": round(self._sinkhorn_seconds / max(self._sinkhorn_steps, 1), 5),
                    "collapse_suspected": float(self._losses_near_ln_k >= self.config.collapse_log_steps)}
+        if self._sinkhorn_steps:  # mean per step since the last call
+            metrics["sinkhorn_seconds"] = round(self._sinkhorn_seconds / self._sinkhorn_steps, 5)
         if self._usage is not None:
             metrics["prototype_usage"] = round(self._usage, 4)
             metrics["code_entropy"] = round(self._entropy, 4)

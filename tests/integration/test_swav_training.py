@@ -1,0 +1,49 @@
+"""SwAV with multi-crop through the real trainer on 2 CPU ranks: a run resumed mid-run with a full
+queue is bit-identical to an uninterrupted one (under ZeRO-3, where the prototypes stay outside
+ZeRO's partitioning and are normalised whole), and a collapsing run is reported."""
+
+import json
+
+import torch
+
+from tests.helpers.training import FAST, latest_checkpoint, run_train
+from tests.integration.test_training import assert_same_training_state
+
+SWAV = "swav_demo_cpu.yaml"
+
+
+def _objective_state(checkpoint, rank):
+    return torch.load(checkpoint / "components" / "objective" / f"rank-{rank:05d}.pt", weights_only=True)
+
+
+def test_swav_resumes_mid_run_with_a_full_queue_bit_identically_under_zero3(digits_split, tmp_path):
+    interrupted, uninterrupted = tmp_path / "interrupted", tmp_path / "uninterrupted"
+    settings = FAST + ["deepspeed_config=ds_configs/zero3.json", "objective.queue_start_epoch=0",
+                       "objective.freeze_prototypes_steps=3", "checkpoint.every_steps=9"]
+    run_train(interrupted, digits_split, 2, settings + ["max_steps=9"], config=SWAV)
+    queue = _objective_state(latest_checkpoint(interrupted), 0)["queue"]
+    assert queue["rows"].shape == (256, 2, 128) and bool(queue["rows"][-1].any()), "the queue should be full"
+    run_train(interrupted, digits_split, 2, settings + ["max_steps=15"], resume="auto", config=SWAV)
+    run_train(uninterrupted, digits_split, 2, settings + ["max_steps=15"], config=SWAV)
+    resumed, reference = latest_checkpoint(interrupted), latest_checkpoint(uninterrupted)
+    assert resumed.name == reference.name == "step_000000015"
+    assert_same_training_state(resumed, reference)
+    for rank in (0, 1):
+        a, b = _objective_state(resumed, rank), _objective_state(reference, rank)
+        assert torch.equal(a["prototypes"], b["prototypes"]) and torch.equal(a["queue"]["rows"], b["queue"]["rows"])
+    # Replicated prototypes stay identical on both ranks (their gradient is averaged).
+    assert torch.equal(_objective_state(resumed, 0)["prototypes"], _objective_state(resumed, 1)["prototypes"])
+
+
+def test_a_collapsing_run_is_reported(digits_split, tmp_path):
+    """K = 100 < D = 128: a feature orthogonal to the prototypes' differences scores them all
+    equally, so the uniform solution (loss ln K) is reachable, and on these digits it is reached."""
+    result = run_train(tmp_path, digits_split, 2, FAST + ["objective.num_prototypes=100", "optim.base_lr=0.48",
+                                                          "logging.log_every=1", "objective.collapse_log_steps=5"],
+                       config=SWAV)
+    assert "WARNING: the swav loss has stayed at ln K = 4.605" in result.stderr
+    steps = [json.loads(line) for line in (tmp_path / "logs" / "rank-00000.jsonl").read_text().splitlines()
+             if '"event": "step"' in line]
+    assert steps[-1]["objective_collapse_suspected"] == 1.0
+    assert steps[-1]["objective_code_entropy"] > 0.95 * 4.605  # near-uniform codes
+    assert 0 < steps[-1]["objective_prototype_usage"] <= 1 and steps[-1]["objective_sinkhorn_seconds"] > 0
