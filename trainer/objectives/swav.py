@@ -214,9 +214,10 @@ class SwavObjective(Objective):
             if dims.rank == 0:
                 print(f"[instcls] WARNING: the swav loss has stayed at ln K = {ln_k:.3f} for "
                       f"{self._losses_near_ln_k} log steps: the codes are uniform and the network is probably "
-                      "collapsing. Check that features and prototypes are normalised, lower the learning rate, "
-                      "use a queue (objective.queue_length) for small batches, or raise objective.epsilon "
-                      f"(now {self.config.epsilon}).", file=sys.stderr)
+                      "collapsing. Check that features and prototypes are normalised, keep num_prototypes above the "
+                      "feature dimension, lower the learning rate, use a queue (objective.queue_length) for "
+                      f"small batches, or lower objective.epsilon (now {self.config.epsilon}) for sharper codes.",
+                      file=sys.stderr)
 
     def metrics(self) -> dict[str, float]:
         metrics = {"comm_seconds": self.comm_timer.drain(),
