@@ -106,13 +106,14 @@ class EpochPermutationSampler:
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         """All ids in the order epoch ``epoch`` reads them (the last epoch asked for is cached)."""
-        if self._order_cache is None or self._order_cache[0] != epoch:
+        cache = self._order_cache  # read once: the trainer and a loader thread may both ask
+        if cache is None or cache[0] != epoch:
             if self.shuffle:
                 order = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
             else:
                 order = np.arange(self.num_samples, dtype=np.int64)
-            self._order_cache = (epoch, order)
-        return self._order_cache[1]
+            cache = self._order_cache = (epoch, order)
+        return cache[1]
 
     def step(self, epoch: int, step: int) -> StepIndices:
         if not 0 <= step < self.steps_per_epoch:

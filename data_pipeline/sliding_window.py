@@ -28,6 +28,7 @@ Contract (``SlidingWindowSampler``, ``kind: sliding_window``), for N ids and see
 from __future__ import annotations
 
 import math
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -73,17 +74,19 @@ class SlidingWindowSampler:
         dtype = np.int32 if num_samples < 2**31 else np.int64
         self.perm = np.random.default_rng([seed, STREAM_KEY]).permutation(np.arange(num_samples, dtype=dtype))
         self._windows: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()  # a loader's reader thread and the trainer both ask for steps
 
     def window(self, k: int) -> np.ndarray:
         """Window k's ids in the order they are read (the last ``CACHED_WINDOWS`` are cached)."""
-        if k not in self._windows:
-            order = np.random.default_rng([self.seed, STREAM_KEY, k]).permutation(self.window_size)
-            start = (k * self.stride) % self.num_samples  # Python int: no overflow for any k
-            self._windows[k] = self.perm[(start + order) % self.num_samples]
-            if len(self._windows) > CACHED_WINDOWS:
-                self._windows.popitem(last=False)
-        self._windows.move_to_end(k)
-        return self._windows[k]
+        with self._lock:
+            if k not in self._windows:
+                order = np.random.default_rng([self.seed, STREAM_KEY, k]).permutation(self.window_size)
+                start = (k * self.stride) % self.num_samples  # Python int: no overflow for any k
+                self._windows[k] = self.perm[(start + order) % self.num_samples]
+                if len(self._windows) > CACHED_WINDOWS:
+                    self._windows.popitem(last=False)
+            self._windows.move_to_end(k)
+            return self._windows[k]
 
     def step(self, epoch: int, step: int) -> StepIndices:
         if not 0 <= step < self.steps_per_epoch:
