@@ -19,6 +19,10 @@ Contract (``SlidingWindowSampler``, ``kind: sliding_window``), for N ids and see
 * ``steps_per_epoch = ceil(N / Bg)``; every sample is valid (no padding; ``last_batch`` does not
   apply).  E epochs read about E*N samples, i.e. ``ceil(E*N / W)`` windows, the last one cut
   where the run ends.  W > N is allowed: a window then repeats ``perm``, as the formula says.
+  Since every window is read whole, an epoch slides the start by only N*S/W (N/8 with the
+  defaults): a full sweep of the permutation takes W/S epochs and reads each id W/S times, once
+  per epoch on average, each time within a few windows of the last.  Runs shorter than W/S
+  epochs see only part of the ids.
 * Auto sizes (``window_size=0`` / ``stride=0``):
   ``W = min(2**17, max(Bg, 2**round(log2(N / 10))))``, keeping ImageNet's N/W ~ 10 (1.28M ids ->
   W = 2**17) while never going below one global batch on small sets; ``S = max(1, W // 8)``, the

@@ -50,9 +50,11 @@ class RowStore:
         if not self._mapped or rows.size == 0:
             return
         record = self.rows[0].numel() * self.rows.element_size()
-        array = self._mapped[0]
-        for row in np.unique(rows * record // mmap.PAGESIZE):
-            array._mmap.madvise(mmap.MADV_WILLNEED, int(row) * mmap.PAGESIZE, mmap.PAGESIZE)
+        first = rows * record // mmap.PAGESIZE
+        last = (rows * record + record - 1) // mmap.PAGESIZE
+        span = int((last - first).max()) + 1  # pages one record can straddle
+        for page in np.unique(np.concatenate([np.minimum(first + i, last) for i in range(span)])):
+            self._mapped[0]._mmap.madvise(mmap.MADV_WILLNEED, int(page) * mmap.PAGESIZE, mmap.PAGESIZE)
 
     def read(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
         """``(W rows, U rows, last steps)``: W and U on the compute device, last steps on the host.

@@ -138,7 +138,10 @@ def _assemble_rows(template: ShardedRows, saved: list[dict], path: str, device: 
             covered = hi
     if covered < template.end:
         _missing_rows(path, covered, template.end)
-    # One piece stays a view of the memory-mapped file: a disk row store copies it block by block.
+    # One piece stays a view of the memory-mapped file (a disk row store copies it block by block),
+    # and rows go where the live component keeps them: a host/disk store's never pass the GPU.
+    if template.rows is not None:
+        device = template.rows.device
     return (pieces[0] if len(pieces) == 1 else torch.cat(pieces)).to(device)
 
 

@@ -120,11 +120,12 @@ class PicObjective(Objective):
 
     # -- which rows a step scores ----------------------------------------------------------------
 
-    def _sampled_ids(self, batch_ids: np.ndarray) -> np.ndarray | None:
-        """Sorted distinct global ids the step's softmax runs over (None: all rows)."""
+    def _sampled_ids(self, batch) -> np.ndarray | None:
+        """Sorted distinct global ids the step's softmax runs over (None: all rows): the recent ids
+        and the batch's valid ids (padding repeats are neither targets nor negatives)."""
         if self.config.negatives == "all":
             return None
-        return np.union1d(self.recent.ids(), batch_ids.reshape(-1))
+        return np.union1d(self.recent.ids(), batch.ids[batch.valid])
 
     def _local_rows(self, sampled: np.ndarray | None) -> np.ndarray:
         """Sorted local row indices of the sampled ids this rank owns."""
@@ -133,18 +134,20 @@ class PicObjective(Objective):
             return np.arange(end - start, dtype=np.int64)
         return sampled[np.searchsorted(sampled, start) : np.searchsorted(sampled, end)] - start
 
-    def _read_new(self, rows: np.ndarray, step: int):
-        """The prefetch: store rows the next step needs and the working set lacks."""
+    def _read_new(self, rows: np.ndarray, step: int, written=None):
+        """The prefetch: store rows the next step needs and the working set lacks.  ``written``: a
+        CUDA event after the main stream's last writes to the store, which the side stream waits for."""
         if self._side_stream is None:
             return self.working.read_store(rows, step)
         with torch.cuda.stream(self._side_stream):  # copies overlap the main stream's work
+            self._side_stream.wait_event(written)
             fetched = self.working.read_store(rows, step)
         self._side_stream.synchronize()
         return fetched
 
     def _rows_for(self, step: StepViews) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
         """``(local rows, W rows, momentum rows)`` of the step's sampled set, current at this step."""
-        sampled = self._sampled_ids(step.global_batch.ids)
+        sampled = self._sampled_ids(step.global_batch)
         rows = self._local_rows(sampled)
         start = time.perf_counter()
         new = None
@@ -167,9 +170,13 @@ class PicObjective(Objective):
         self.recent.push(self._pushed_ids)
         self.next_step = step + 1
         if self._pool is not None and self._next_batch is not None:
-            sampled = self._sampled_ids(self._next_batch.ids)
+            sampled = self._sampled_ids(self._next_batch)
             missing = self.working.new_rows(self._local_rows(sampled))
-            self._prefetch = (step + 1, sampled, self._pool.submit(self._read_new, missing, step + 1))
+            written = None
+            if self._side_stream is not None:
+                written = torch.cuda.Event()
+                written.record(torch.cuda.current_stream(self.context.dims.device))
+            self._prefetch = (step + 1, sampled, self._pool.submit(self._read_new, missing, step + 1, written))
 
     def _drop_prefetch(self) -> None:
         """Wait for and discard a prefetch (before anything else reads or writes the store)."""
@@ -197,7 +204,7 @@ class PicObjective(Objective):
         first = (dims.rank // size) * size
         group_ids = np.concatenate([np.tile(step.global_batch.ids[r], views) for r in range(first, first + size)])
         group_valid = np.concatenate([np.tile(step.global_batch.valid[r], views) for r in range(first, first + size)])
-        owned = (group_ids >= self.shard.class_start) & (group_ids < self.shard.class_end)
+        owned = (group_ids >= self.shard.class_start) & (group_ids < self.shard.class_end) & group_valid
         target_cols = np.where(owned, np.searchsorted(rows, group_ids - self.shard.class_start), -1)
         device = dims.device
         target_cols = torch.from_numpy(target_cols[:, None]).to(device, non_blocking=True)

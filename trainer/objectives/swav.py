@@ -14,9 +14,10 @@ all ranks as DDP would, and their SGD follows the shared schedule.  For the firs
 ``freeze_prototypes_steps`` steps their gradient is dropped (they do not move at all).
 
 Queue: ``queue_length`` global-crop features over all ranks (each rank keeps its share, newest
-first), filled from ``queue_start_epoch``; once full it is scored with the current prototypes and
-prepended to the Sinkhorn batch, which makes the equal-partition constraint meaningful for small
-batches.  In checkpoints it is row-sharded over ranks, so a reshard keeps its contents.
+first), filled from ``queue_start_epoch`` (padded steps are not queued); once full it is scored
+with the current prototypes and prepended to the Sinkhorn batch, which makes the equal-partition
+constraint meaningful for small batches.  In checkpoints it is row-sharded over ranks, so a
+reshard keeps a full queue's contents (a partly filled one starts again).
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ class SwavObjective(Objective):
         self.optimizer = torch.optim.SGD([self.prototypes], lr=0.0, momentum=context.optim.momentum,
                                          weight_decay=context.optim.weight_decay)
         self.queue: torch.Tensor | None = None  # [queue_length / world, global crops, D], newest first
+        self.queued = 0  # features pushed over all ranks (host count, the same everywhere): full at queue_length
         self.comm_timer = CommTimer()
         self._step = 0
         self._sinkhorn_seconds, self._sinkhorn_steps = 0.0, 0
@@ -137,7 +139,9 @@ class SwavObjective(Objective):
         codes = {i: self._codes(i, scores[i], features[i], step.valid, global_valid, code_views) for i in code_views}
         self._sinkhorn_seconds += time.perf_counter() - started
         self._sinkhorn_steps += 1
-        self._push_queue(features, code_views)
+        # A padded step (an epoch's last) is not queued: its repeats would later count as samples.
+        if global_valid is None or global_valid == step.valid.shape[0] * dims.world_size:
+            self._push_queue(features, code_views)
 
         per_sample = torch.zeros_like(valid)
         for i in code_views:
@@ -168,9 +172,9 @@ class SwavObjective(Objective):
         return codes[-features.shape[0]:].float()
 
     def _full_queue_features(self, slot: int) -> torch.Tensor | None:
-        """The queue's features of global crop ``slot`` once every entry holds one (SwAV's rule:
-        the oldest entry is non-zero), else None."""
-        if self.queue is None or self.queue.shape[1] <= slot or not bool(self.queue[-1, slot].any()):
+        """The queue's features of global crop ``slot`` once every entry holds one, else None.
+        Decided from the host count, so every rank agrees and nothing syncs with the device."""
+        if self.queue is None or self.queued < self.config.queue_length:
             return None
         return self.queue[:, slot]
 
@@ -183,6 +187,7 @@ class SwavObjective(Objective):
             self.queue = torch.zeros(self.queue.shape[0], latest.shape[1], latest.shape[2], device=latest.device)
         keep = self.queue.shape[0] - latest.shape[0]
         self.queue = torch.cat([latest[: self.queue.shape[0]], self.queue[:max(keep, 0)]])
+        self.queued = min(self.config.queue_length, self.queued + latest.shape[0] * self.context.dims.world_size)
 
     def after_backward(self) -> None:
         if self._step < self.config.freeze_prototypes_steps:
@@ -240,7 +245,7 @@ class SwavObjective(Objective):
         momentum = self.optimizer.state.get(self.prototypes, {}).get("momentum_buffer")
         return {"prototypes": self.prototypes.detach(),
                 "momentum": momentum if momentum is not None else torch.zeros(0),
-                "queue": self._queue_rows()}
+                "queue": self._queue_rows(), "queued": self.queued, "world_size": self.context.dims.world_size}
 
     def load_state_dict(self, state: dict) -> None:
         device = self.context.dims.device
@@ -250,3 +255,10 @@ class SwavObjective(Objective):
             self.optimizer.state[self.prototypes]["momentum_buffer"] = state["momentum"].to(device).clone()
         rows = state["queue"].rows
         self.queue = None if rows is None else rows.to(device).clone()
+        self.queued = state["queued"]
+        if self.queue is not None and state["world_size"] != self.context.dims.world_size and \
+                self.queued < self.config.queue_length:
+            # Re-split rows of partly filled per-rank queues would interleave empty entries with
+            # features; a full queue re-splits exactly, a partial one starts again.
+            self.queue.zero_()
+            self.queued = 0
