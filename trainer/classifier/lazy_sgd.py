@@ -25,7 +25,6 @@ class LazyRowSGD:
         self.momentum, self.weight_decay = momentum, weight_decay
         self.param_groups = [{"lr": 0.0, "params": []}]
         self.transitions = StepTransitions(momentum, weight_decay, base=step)
-        self.corrected_rows = 0  # rows brought forward (a metric)
         self._pending = None
         self.after_step = None  # called with the step just taken (the objective's prefetch)
 
@@ -34,17 +33,18 @@ class LazyRowSGD:
         return self.param_groups[0]["lr"]
 
     @torch.no_grad()
-    def bring_forward(self, weight: torch.Tensor, momentum: torch.Tensor, last: np.ndarray, step: int) -> None:
-        """Apply, in place, the steps ``[last_i, step)`` each row skipped."""
+    def bring_forward(self, weight: torch.Tensor, momentum: torch.Tensor, last: np.ndarray, step: int) -> int:
+        """Apply, in place, the steps ``[last_i, step)`` each row skipped; returns how many rows moved
+        (callers count them on their own thread: this runs in the prefetch thread too)."""
         stale = np.flatnonzero(last < step)
         if stale.size == 0:
-            return
-        self.corrected_rows += stale.size
+            return 0
         matrices = torch.from_numpy(self.transitions.between(last[stale], step)).to(weight.device)
         index = torch.from_numpy(stale).to(weight.device)
         w, u = weight[index].double(), momentum[index].double()
         weight[index] = (matrices[:, 0, 0, None] * w + matrices[:, 0, 1, None] * u).to(weight.dtype)
         momentum[index] = (matrices[:, 1, 0, None] * w + matrices[:, 1, 1, None] * u).to(momentum.dtype)
+        return stale.size
 
     @torch.no_grad()
     def update(self, weight: torch.Tensor, momentum: torch.Tensor, grad: torch.Tensor | None) -> None:

@@ -25,17 +25,18 @@ class WorkingSet:
         self.rows = np.zeros(0, dtype=np.int64)  # local row indices held, sorted
         self.weight = self.momentum = None  # [len(rows), D] on the compute device, store dtype
         self.current_at = 0  # the step the held rows are up to date at
+        self.corrected_rows = 0  # rows brought forward over skipped steps (a metric; main thread only)
 
     def new_rows(self, rows: np.ndarray) -> np.ndarray:
         """Which of ``rows`` (sorted) must come from the store."""
         return np.setdiff1d(rows, self.rows, assume_unique=True)
 
-    def read_store(self, rows: np.ndarray, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows not held here, from the store, brought forward to ``step`` (safe in a prefetch
-        thread: it touches neither the held rows nor the store rows the main thread writes)."""
+    def read_store(self, rows: np.ndarray, step: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Rows not held here, from the store, brought forward to ``step``, and how many of them
+        moved (safe in a prefetch thread: it touches neither the held rows nor the store rows the
+        main thread writes)."""
         weight, momentum, last = self.store.read(torch.from_numpy(rows))
-        self.optimizer.bring_forward(weight, momentum, last, step)
-        return weight, momentum
+        return weight, momentum, self.optimizer.bring_forward(weight, momentum, last, step)
 
     def gather(self, rows: np.ndarray, step: int, new=None) -> tuple[torch.Tensor, torch.Tensor]:
         """``rows`` (sorted local indices) at ``step``, on the compute device; they become the held
@@ -43,12 +44,13 @@ class WorkingSet:
         rows ``read_store(new_rows(rows), step)`` returned, if prefetched."""
         if self.weight is not None and self.current_at < step:  # a step passed without touching them
             last = np.full(self.rows.size, self.current_at)
-            self.optimizer.bring_forward(self.weight, self.momentum, last, step)
+            self.corrected_rows += self.optimizer.bring_forward(self.weight, self.momentum, last, step)
             self.current_at = step
         kept = np.isin(self.rows, rows, assume_unique=True)
         self._write_back(~kept)
         missing = self.new_rows(rows)
-        new_weight, new_momentum = new if new is not None else self.read_store(missing, step)
+        new_weight, new_momentum, corrected = new if new is not None else self.read_store(missing, step)
+        self.corrected_rows += corrected
         dim, device = self.store.weight.shape[1], self.store.compute_device
         weight = torch.empty(rows.size, dim, dtype=self.store.dtype, device=device)
         momentum = torch.empty_like(weight)

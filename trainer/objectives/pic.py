@@ -158,7 +158,7 @@ class PicObjective(Objective):
             if prefetch_step == step.step and _same(prefetch_sampled, sampled):
                 new = result
                 if self._side_stream is not None:
-                    for tensor in result:
+                    for tensor in result[:2]:
                         tensor.record_stream(torch.cuda.current_stream(self.context.dims.device))
         weight, momentum = self.working.gather(rows, step.step, new)
         self._fetch_seconds += time.perf_counter() - start
@@ -233,9 +233,9 @@ class PicObjective(Objective):
 
     def metrics(self) -> dict[str, float]:
         metrics = {"comm_seconds": self.comm_timer.drain(), "sampled_rows": float(self._sampled_rows),
-                   "corrected_rows": float(self.optimizer.corrected_rows),
+                   "corrected_rows": float(self.working.corrected_rows),
                    "row_fetch_seconds": round(self._fetch_seconds, 4)}
-        self.optimizer.corrected_rows, self._fetch_seconds = 0, 0.0
+        self.working.corrected_rows, self._fetch_seconds = 0, 0.0
         return metrics
 
     # -- checkpoints -----------------------------------------------------------------------------
