@@ -4,14 +4,14 @@ import torch
 
 from trainer.engine.checkpoint import load_component, save_component
 from trainer.objectives import ObjectiveContext, OptimSettings, PicConfig, PicObjective
+from trainer.observability.memory import status_field_bytes
 from trainer.parallel import single_process_dims
 
 ROWS, DIM = 200_000, 128  # 98 MiB per array
 
 
 def _rss_anon() -> int:
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssAnon:"))
+    return status_field_bytes("RssAnon")
 
 
 def _objective(directory, seed):

@@ -32,6 +32,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from trainer.observability.memory import status_field_bytes
+
 GIB, MIB = 2**30, 2**20
 IMAGENET_1K, IMAGENET_21K = 1_281_167, 14_197_087
 
@@ -79,11 +81,7 @@ class _AnonPeak:
 
     @staticmethod
     def read() -> int:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-        raise RuntimeError("/proc/self/status has no RssAnon line (Linux only)")
+        return status_field_bytes("RssAnon")
 
     def _run(self) -> None:
         while not self._stop.is_set():

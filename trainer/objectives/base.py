@@ -63,6 +63,14 @@ class ObjectiveConfig:
     name: str
 
 
+def raise_first_invalid(config, checks: list[tuple[bool, str, str]]) -> None:
+    """``checks``: ``(ok, field, fix)``; the first failing one raises ``field=value is invalid: fix``
+    (the job config adds the ``objective.`` prefix)."""
+    for ok, name, fix in checks:
+        if not ok:
+            raise ValueError(f"{name}={getattr(config, name)!r} is invalid: {fix}")
+
+
 @dataclass(frozen=True)
 class OptimSettings:
     """What an objective's own optimizers share with the backbone's (the schedule sets the lr)."""

@@ -27,7 +27,9 @@ from trainer.classifier.config import MODES
 from trainer.classifier.hard_negatives import HardNegativeIndex, search_hard_negatives
 from trainer.classifier.kernel import MAX_ABS_LOGIT
 from trainer.classifier.losses import SmoothingForm
-from trainer.objectives.base import LossOut, Objective, ObjectiveConfig, ObjectiveContext, ShardedRows, StepViews
+from trainer.objectives.base import (
+    LossOut, Objective, ObjectiveConfig, ObjectiveContext, ShardedRows, StepViews, raise_first_invalid,
+)
 from trainer.parallel.collectives import gather_rows
 
 @dataclass(frozen=True)
@@ -82,9 +84,7 @@ class InstanceConfig(ObjectiveConfig):
              "the in-backward update needs mode 'dhp' (DDP must all-reduce W's gradient before updating)"),
             (self.logits_cache_bytes >= 0, "logits_cache_bytes", "use 0 (recompute) or a byte budget"),
         ]
-        for ok, name, fix in checks:
-            if not ok:
-                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: {fix}")
+        raise_first_invalid(self, checks)
 
 
 class InstanceObjective(Objective):

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from data_pipeline.sampler import StepIndices
 from trainer.classifier.kernel import MAX_ABS_LOGIT, KernelSettings, sharded_cosine_ce
 from trainer.classifier.lazy_sgd import LazyRowSGD
 from trainer.classifier.module import gaussian_rows
@@ -33,7 +34,9 @@ from trainer.classifier.recent_ids import RecentIds
 from trainer.classifier.row_store import STORE_KINDS, make_row_store
 from trainer.classifier.sharding import ClassShard
 from trainer.classifier.working_set import WorkingSet
-from trainer.objectives.base import LossOut, Objective, ObjectiveConfig, ObjectiveContext, ShardedRows, StepViews
+from trainer.objectives.base import (
+    LossOut, Objective, ObjectiveConfig, ObjectiveContext, ShardedRows, StepViews, raise_first_invalid,
+)
 from trainer.parallel.collectives import CommTimer, all_gather_rows_with_grad, all_reduce_, scale_grad
 
 NEGATIVES = ("recent", "all")
@@ -84,9 +87,22 @@ class PicConfig(ObjectiveConfig):
             (self.row_dtype in ROW_DTYPES, "row_dtype", f"choose one of {ROW_DTYPES}"),
             (self.init_std > 0, "init_std", "use a positive standard deviation (e.g. 0.01)"),
         ]
-        for ok, name, fix in checks:
-            if not ok:
-                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: {fix}")
+        raise_first_invalid(self, checks)
+
+
+@dataclass
+class _Prefetch:
+    """The next step's new store rows, being read in the background."""
+
+    step: int
+    batch: StepIndices  # the sampler's batch it was planned for
+    sampled: np.ndarray | None
+    future: Future
+
+    def serves(self, step: StepViews) -> bool:
+        batch = step.global_batch
+        return self.step == step.step and np.array_equal(self.batch.ids, batch.ids) and \
+            np.array_equal(self.batch.valid, batch.valid)
 
 
 class PicObjective(Objective):
@@ -111,7 +127,7 @@ class PicObjective(Objective):
         self.comm_timer = CommTimer()
         self.next_step = 0  # the next step to run; a checkpoint brings every row to it
         self._next_batch = None  # the sampler's next global batch, for the prefetch
-        self._prefetch: tuple[int, np.ndarray | None, Future] | None = None
+        self._prefetch: _Prefetch | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="pic-prefetch") if config.prefetch else None
         self._side_stream = torch.cuda.Stream(dims.device) if config.prefetch and dims.device.type == "cuda" else None
         self._sampled_rows = 0
@@ -147,19 +163,18 @@ class PicObjective(Objective):
 
     def _rows_for(self, step: StepViews) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
         """``(local rows, W rows, momentum rows)`` of the step's sampled set, current at this step."""
-        sampled = self._sampled_ids(step.global_batch)
-        rows = self._local_rows(sampled)
         start = time.perf_counter()
-        new = None
-        if self._prefetch is not None:
-            prefetch_step, prefetch_sampled, future = self._prefetch
-            self._prefetch = None
-            result = future.result()
-            if prefetch_step == step.step and _same(prefetch_sampled, sampled):
-                new = result
-                if self._side_stream is not None:
-                    for tensor in result[:2]:
-                        tensor.record_stream(torch.cuda.current_stream(self.context.dims.device))
+        prefetch, self._prefetch = self._prefetch, None
+        new = None if prefetch is None else prefetch.future.result()
+        if prefetch is not None and prefetch.serves(step):
+            # The queue has not changed since the prefetch: its sampled set is this step's.
+            sampled = prefetch.sampled
+            if self._side_stream is not None:
+                for tensor in new[:2]:
+                    tensor.record_stream(torch.cuda.current_stream(self.context.dims.device))
+        else:
+            sampled, new = self._sampled_ids(step.global_batch), None
+        rows = self._local_rows(sampled)
         weight, momentum = self.working.gather(rows, step.step, new)
         self._fetch_seconds += time.perf_counter() - start
         return rows, weight, momentum
@@ -176,12 +191,13 @@ class PicObjective(Objective):
             if self._side_stream is not None:
                 written = torch.cuda.Event()
                 written.record(torch.cuda.current_stream(self.context.dims.device))
-            self._prefetch = (step + 1, sampled, self._pool.submit(self._read_new, missing, step + 1, written))
+            future = self._pool.submit(self._read_new, missing, step + 1, written)
+            self._prefetch = _Prefetch(step + 1, self._next_batch, sampled, future)
 
     def _drop_prefetch(self) -> None:
         """Wait for and discard a prefetch (before anything else reads or writes the store)."""
         if self._prefetch is not None:
-            self._prefetch[2].result()
+            self._prefetch.future.result()
             self._prefetch = None
 
     # -- the seam --------------------------------------------------------------------------------
@@ -263,6 +279,3 @@ class PicObjective(Objective):
         self.recent.load_state_dict(state["recent"])
         self.next_step = step
 
-
-def _same(a: np.ndarray | None, b: np.ndarray | None) -> bool:
-    return (a is None and b is None) or (a is not None and b is not None and np.array_equal(a, b))

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from trainer.objectives.base import (
     LossOut, Objective, ObjectiveConfig, ObjectiveContext, ShardedRows, StepViews, average_gradients,
+    raise_first_invalid,
 )
 from trainer.objectives.sinkhorn import distributed_sinkhorn
 from trainer.parallel.collectives import CommTimer, all_reduce_
@@ -80,9 +81,7 @@ class SwavConfig(ObjectiveConfig):
             (self.queue_start_epoch >= 0, "queue_start_epoch", "use an epoch >= 0 (paper: 15)"),
             (self.collapse_log_steps >= 1, "collapse_log_steps", "use at least 1"),
         ]
-        for ok, name, fix in checks:
-            if not ok:
-                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: {fix}")
+        raise_first_invalid(self, checks)
 
 
 class SwavObjective(Objective):
