@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: install prometheus test test-fast demo bench-classifier clean
+.PHONY: install prometheus test test-all demo bench-classifier clean
 
 $(INSTALLED): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,13 +23,14 @@ prometheus:
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; \
 		else echo "install Debian's prometheus package (apt-get install prometheus) for the scrape test"; fi; }
 
-# Every test, the multi-rank (gloo) ones included.
+# The default suite (what CI runs): every capability, multi-rank (gloo) cases included; the cases
+# marked slow repeat a capability at a heavier size and run only in `make test-all`.
 test: $(INSTALLED) prometheus
-	$(BIN)/python -m pytest
-
-# Skips the cases marked slow (heavier multi-rank runs).
-test-fast: $(INSTALLED)
 	$(BIN)/python -m pytest -m "not slow"
+
+# Every test, the slow repeats included.
+test-all: $(INSTALLED) prometheus
+	$(BIN)/python -m pytest
 
 # The main job on the embedded default: the scikit-learn digits as WebDataset shards (80% to
 # train on, 20% held out), 15 epochs on 2 CPU ranks (~2 minutes), then kNN accuracy of the

@@ -1,5 +1,5 @@
 """Where images come from before they become shards: an image-folder tree, the digits set that
-ships inside scikit-learn, or synthetic images.
+ships inside scikit-learn (plain, or drawn onto embedded photos), or synthetic images.
 
 Each source lists ``SourceImage`` records in a fixed order; the shard writer shuffles them with a
 seed and assigns the dense instance ids.  ``read`` runs in worker processes, so a record carries a
@@ -53,18 +53,29 @@ class Source:
     class_names: list[str] | None
 
 
+def _refuse_escape(path: Path, real_root: Path) -> None:
+    """A symlink (or ``..``) that leads outside the root would shard files the user did not point at."""
+    if not path.resolve().is_relative_to(real_root):
+        raise ValueError(f"{path} resolves to {path.resolve()}, outside the image folder {real_root}; remove the link "
+                         "or copy the file into the folder")
+
+
 def image_folder(root: Path) -> Source:
     """ImageNet-style tree ``root/<class>/<image>``; classes are the sorted subfolder names."""
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"image folder {root} does not exist; pass a directory with one subfolder per class")
     class_dirs = sorted(p for p in root.iterdir() if p.is_dir())
+    for class_dir in class_dirs:
+        _refuse_escape(class_dir, root.resolve())
     if not class_dirs:
         raise ValueError(f"image folder {root} has no class subfolders; expected {root}/<class>/<image files>")
     images = []
+    real_root = root.resolve()
     for label, class_dir in enumerate(class_dirs):
         for path in sorted(class_dir.rglob("*")):
             if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file():
+                _refuse_escape(path, real_root)
                 images.append(SourceImage(origin=str(path), label=label, read=partial(Path.read_bytes, path)))
     if not images:
         raise ValueError(f"image folder {root} contains no images with suffixes {sorted(IMAGE_SUFFIXES)}")
@@ -72,6 +83,14 @@ def image_folder(root: Path) -> Source:
 
 
 DIGITS_SPLITS = ("all", "train", "val")
+
+
+def _digits_split(count: int, split: str, val_fraction: float) -> Callable[[int], bool]:
+    """Whether digit ``index`` belongs to ``split``: a fixed seeded ``val_fraction`` is held out."""
+    if split not in DIGITS_SPLITS:
+        raise ValueError(f"--split {split!r}: choose one of {DIGITS_SPLITS}")
+    held_out = set(np.random.default_rng(0).permutation(count)[: round(val_fraction * count)].tolist())
+    return {"all": lambda i: True, "train": lambda i: i not in held_out, "val": lambda i: i in held_out}[split]
 
 
 def sklearn_digits(image_size: int = 32, split: str = "all", val_fraction: float = 0.2) -> Source:
@@ -83,11 +102,8 @@ def sklearn_digits(image_size: int = 32, split: str = "all", val_fraction: float
     """
     from sklearn.datasets import load_digits
 
-    if split not in DIGITS_SPLITS:
-        raise ValueError(f"--split {split!r}: choose one of {DIGITS_SPLITS}")
     digits = load_digits()
-    held_out = set(np.random.default_rng(0).permutation(len(digits.images))[: round(val_fraction * len(digits.images))].tolist())
-    keep = {"all": lambda i: True, "train": lambda i: i not in held_out, "val": lambda i: i in held_out}[split]
+    keep = _digits_split(len(digits.images), split, val_fraction)
     images = []
     for index, (pixels, label) in enumerate(zip(digits.images, digits.target)):
         if not keep(index):
@@ -96,6 +112,47 @@ def sklearn_digits(image_size: int = 32, split: str = "all", val_fraction: float
         rgb = np.asarray(gray.resize((image_size, image_size), Image.BICUBIC).convert("RGB"))
         images.append(SourceImage(origin=f"sklearn-digits[{index}]", label=int(label), read=partial(_png_bytes, rgb)))
     return Source(name=f"sklearn-digits:{split}", images=images, class_names=[str(d) for d in range(10)])
+
+
+def _scene_png(digit: np.ndarray, seed: int, digit_index: int, render_index: int, image_size: int,
+               backgrounds: int, colour_mix: float, background: str) -> bytes:
+    from data_pipeline.scenes import render_scene
+
+    scene, _ = render_scene(digit, seed, digit_index, render_index, image_size, backgrounds, colour_mix, background)
+    return _png_bytes(scene)
+
+
+def digits_on_photos(image_size: int = 32, split: str = "all", renders_per_digit: int = 3, seed: int = 0,
+                     backgrounds: int = 0, colour_mix: float = 0.3, val_fraction: float = 0.2,
+                     background: str = "photo") -> Source:
+    """The scikit-learn digits drawn onto crops of embedded photographs or onto colour gradients
+    (``data_pipeline.scenes``, which explains ``background``, ``backgrounds`` and ``colour_mix``),
+    ``renders_per_digit`` scenes per digit: a harder labelled set than ``sklearn_digits``.
+
+    The split is by source digit with the same rule as ``sklearn_digits``, so no held-out digit
+    appears in training under another background.  Records hold only the recipe; ``read`` renders.
+    """
+    from sklearn.datasets import load_digits
+
+    from data_pipeline.scenes import BACKGROUND_KINDS
+
+    if background not in BACKGROUND_KINDS:
+        raise ValueError(f"--background {background!r}: choose one of {sorted(BACKGROUND_KINDS)}")
+    if renders_per_digit < 1 or image_size < 16 or backgrounds < 0 or not 0 <= colour_mix <= 1:
+        raise ValueError("digit scenes need --renders-per-digit >= 1, --image-size >= 16, --backgrounds >= 0 "
+                         "and 0 <= colour_mix <= 1")
+    digits = load_digits()
+    keep = _digits_split(len(digits.images), split, val_fraction)
+    images = [
+        SourceImage(origin=f"digit-scene[{index}, {render}]", label=int(label),
+                    read=partial(_scene_png, pixels, seed, index, render, image_size, backgrounds, colour_mix,
+                                 background))
+        for index, (pixels, label) in enumerate(zip(digits.images, digits.target)) if keep(index)
+        for render in range(renders_per_digit)
+    ]
+    name = (f"digit-scenes:{split}:background={background}:renders={renders_per_digit}:"
+            f"backgrounds={backgrounds}:seed={seed}")
+    return Source(name=name, images=images, class_names=[str(d) for d in range(10)])
 
 
 def synthetic(count: int, image_size: int, seed: int = 0) -> Source:

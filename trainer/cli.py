@@ -3,9 +3,9 @@
     instcls launch TORCHRUN_ARGS...     (torchrun that exits 0 after a clean preemption save)
     instcls train --config FILE [--set section.field=value ...] [--resume auto|none|PATH]   (under torchrun)
     instcls eval knn|linear --config FILE --checkpoint DIR
-    instcls make-shards --source digits|synthetic|folder --out DIR [...]
+    instcls make-shards --source digits|digit-scenes|synthetic|folder --out DIR [...]
     instcls validate-shards DIR
-    instcls bench classifier [--num-classes N --batch B --dim D --ranks T --chunk-size C ...]
+    instcls bench classifier [--num-classes N --batch B --dim D --ranks T --chunk-size C --co2 ...]
     instcls bench data [--shards DIR --batch B --threads T --views V ...]
     instcls bench ddp-vs-dhp --ranks T --cap-gib C [--out DIR ...]
     instcls bench pic [--sizes 1281167,14197087,max --store disk --store-dir DIR --cap-gib 16 ...]
@@ -40,6 +40,8 @@ def _add_bench_classifier(subparsers) -> None:
     parser.add_argument("--steps", type=int, default=defaults.steps, help="timed steps (default %(default)s)")
     parser.add_argument("--warmup", type=int, default=defaults.warmup, help="untimed steps (default %(default)s)")
     parser.add_argument("--dtype", default=defaults.dtype, choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--co2", action="store_true",
+                        help="instead: the step-time overhead of CO2's fused consistency term over the plain loss")
     parser.add_argument("--json", type=Path, help="also write the numbers to this JSON file")
     parser.set_defaults(handler=_run_bench_classifier)
 
@@ -57,8 +59,14 @@ def _run_bench_classifier(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         dtype=args.dtype,
     )
-    summary = run(settings)
-    print(format_report(summary))
+    if args.co2:
+        from trainer.bench.co2_bench import format_co2_report, run_co2
+
+        summary = run_co2(settings)
+        print(format_co2_report(settings, summary))
+    else:
+        summary = run(settings)
+        print(format_report(summary))
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))
     return 0
@@ -109,21 +117,29 @@ def _add_make_shards(commands) -> None:
 
     defaults = ShardSettings()
     parser = commands.add_parser("make-shards", help="write WebDataset shards + DALI indexes + manifest")
-    parser.add_argument("--source", required=True, choices=["digits", "synthetic", "folder"],
-                        help="digits: the labelled set inside scikit-learn; synthetic: random images; "
+    parser.add_argument("--source", required=True, choices=["digits", "digit-scenes", "synthetic", "folder"],
+                        help="digits: the labelled set inside scikit-learn; digit-scenes: those digits drawn "
+                        "onto crops of embedded photos (harder); synthetic: random images; "
                         "folder: an image tree ROOT/<class>/<image> given with --root")
     parser.add_argument("--out", type=Path, required=True, help="output directory (must hold no manifest yet)")
     parser.add_argument("--root", type=Path, help="image-folder root for --source folder")
     parser.add_argument("--count", type=int, default=1000, help="number of synthetic images")
-    parser.add_argument("--image-size", type=int, default=32, help="side of digits/synthetic images in pixels")
+    parser.add_argument("--image-size", type=int, default=32, help="side of digits/digit-scenes/synthetic images in pixels")
     parser.add_argument("--split", default="all", choices=["all", "train", "val"],
-                        help="digits only: the fixed 20%% held-out part (val) or the rest (train)")
+                        help="digits and digit-scenes: the fixed 20%% held-out digits (val) or the rest (train)")
+    parser.add_argument("--renders-per-digit", type=int, default=3,
+                        help="digit-scenes: scenes drawn per digit (default %(default)s)")
+    parser.add_argument("--backgrounds", type=int, default=0,
+                        help="digit-scenes: number of shared background crops (default 0: a fresh crop per scene)")
+    parser.add_argument("--background", default="photo", choices=["photo", "gradient"],
+                        help="digit-scenes: crops of embedded photos or two-colour gradients (default %(default)s)")
     parser.add_argument("--prefix", default=defaults.prefix, help="shard file prefix: PREFIX-000000.tar")
     parser.add_argument("--samples-per-shard", type=int, default=defaults.samples_per_shard)
     parser.add_argument("--on-bad-image", default=defaults.on_bad_image, choices=["error", "skip"],
                         help="refuse the whole run on an undecodable image (default) or skip and count it")
     parser.add_argument("--max-side", type=int, help="shrink images whose longer side exceeds this")
-    parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of the stored sample order")
+    parser.add_argument("--seed", type=int, default=defaults.seed,
+                        help="seed of the stored sample order (and of synthetic images and digit scenes)")
     parser.add_argument("--workers", type=int, default=defaults.workers, help="processes that check/encode images")
     parser.set_defaults(handler=_run_make_shards)
 
@@ -138,6 +154,10 @@ def _run_make_shards(args: argparse.Namespace) -> int:
         source = sources.image_folder(args.root)
     elif args.source == "digits":
         source = sources.sklearn_digits(args.image_size, split=args.split)
+    elif args.source == "digit-scenes":
+        source = sources.digits_on_photos(args.image_size, split=args.split,
+                                          renders_per_digit=args.renders_per_digit, seed=args.seed,
+                                          backgrounds=args.backgrounds, background=args.background)
     else:
         source = sources.synthetic(args.count, args.image_size, args.seed)
     settings = ShardSettings(prefix=args.prefix, samples_per_shard=args.samples_per_shard,
@@ -263,6 +283,7 @@ def _add_plan(commands) -> None:
     parser.add_argument("--queue", type=int, default=65536, help="PIC: K recent ids scored besides the batch")
     parser.add_argument("--row-store", default="host", choices=["device", "host", "disk"],
                         help="PIC: where W and its momentum live (device counts them in device memory)")
+    parser.add_argument("--co2", action="store_true", help="add CO2's consistency term (co2_alpha > 0)")
     parser.set_defaults(handler=_run_plan)
 
 
@@ -275,7 +296,7 @@ def _run_plan(args: argparse.Namespace) -> int:
         momentum=not args.no_momentum,
         update_in_backward=args.update_in_backward, backbone=args.backbone, image_size=args.image_size,
         views=args.views, zero_stage=args.zero_stage, device="cpu" if args.cpu else "gpu", queue=args.queue,
-        row_store=args.row_store,
+        row_store=args.row_store, co2=args.co2,
     )
     print(format_plan(plan, int(args.gpu_memory_gib * GIB)))
     return 0
@@ -299,6 +320,7 @@ def _add_train(commands) -> None:
 
 def _run_train(args: argparse.Namespace) -> int:
     from trainer.config import load_job_config
+    from trainer.engine.checkpoint import CheckpointWriteError
     from trainer.engine.preemption import NonFiniteLossError
     from trainer.engine.trainer import Trainer
     from trainer.parallel import init_distributed
@@ -311,6 +333,9 @@ def _run_train(args: argparse.Namespace) -> int:
     except NonFiniteLossError as error:
         print(f"instcls: rank {dims.rank}: {error}", file=sys.stderr)
         return 3
+    except CheckpointWriteError as error:
+        print(f"instcls: error: {error}", file=sys.stderr)
+        return 4
     finally:
         shutdown_distributed()
     if dims.rank == 0:
@@ -334,6 +359,7 @@ def _run_eval(args: argparse.Namespace) -> int:
 
     from trainer.config import load_job_config
     from trainer.engine.checkpoint import reseed, resolve_resume
+    from trainer.engine.safe_load import load_data
     from trainer.evaluation.features import bank_and_queries
     from trainer.evaluation.knn import knn_accuracy
     from trainer.evaluation.linear import linear_probe_accuracy
@@ -352,7 +378,7 @@ def _run_eval(args: argparse.Namespace) -> int:
         if checkpoint is None:
             raise FileNotFoundError(f"no complete checkpoint in {config.checkpoint.dir}")
         model = build_model(config.model)
-        model.load_state_dict(torch.load(checkpoint / "model.pt", map_location="cpu", weights_only=True))
+        model.load_state_dict(load_data(checkpoint / "model.pt", map_location="cpu"))
     dims = init_distributed()
     model.to(dims.device)
     bank, bank_labels, queries, query_labels = bank_and_queries(model, config.data, dims)

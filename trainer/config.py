@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import ipaddress
 import types
 import typing
 from dataclasses import dataclass, field
@@ -117,12 +118,15 @@ class LoggingSection:
     dir: JSON-lines logs, one file per rank.
     log_every: steps between log lines (and the only steps with host syncs for metrics).
     metrics_port: Prometheus port of local rank 0; local rank r serves port + r (0 disables).
+    metrics_bind: address the metrics endpoint listens on: "0.0.0.0" (all interfaces, what a
+        Prometheus in the cluster needs) or e.g. "127.0.0.1" to keep it on the machine.
     progress: show a progress bar on rank 0.
     """
 
     dir: Path = Path("logs")
     log_every: int = 10
     metrics_port: int = 9400
+    metrics_bind: str = "0.0.0.0"
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -130,6 +134,11 @@ class LoggingSection:
             raise ConfigError("logging.log_every must be >= 1")
         if not 0 <= self.metrics_port < 65536:
             raise ConfigError(f"logging.metrics_port={self.metrics_port} is invalid: use 0 (off) or a TCP port")
+        try:
+            ipaddress.ip_address(self.metrics_bind)
+        except ValueError:
+            raise ConfigError(f"logging.metrics_bind={self.metrics_bind!r} is invalid: use an IP address such as "
+                              "0.0.0.0 (all interfaces) or 127.0.0.1 (this machine only)") from None
 
 
 @dataclass(frozen=True)

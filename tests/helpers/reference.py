@@ -54,3 +54,39 @@ def random_hard_negatives(instance_ids, num_classes, top_k, generator):
         others = torch.randperm(num_classes - 1, generator=generator)[:top_k]
         rows.append(others + (others >= own))
     return torch.stack(rows)
+
+
+def reference_co2_pairs(global_features, weight, instance_ids, temperature):
+    """CO2's ``1/2 (KL(P||Q) + KL(Q||P))`` per pair of global views and image, ``[pairs, n]`` float64.
+
+    ``global_features [G, n, D]``; P and Q are ``torch.softmax`` over the N - 1 rows other than the
+    image's own (all of ``weight``), at ``temperature``; pairs in ``itertools.combinations`` order."""
+    views, n, _ = global_features.shape
+    num_rows = weight.shape[0]
+    w = F.normalize(weight.double(), dim=1)
+    others = torch.stack([torch.cat([torch.arange(own), torch.arange(own + 1, num_rows)]) for own in instance_ids.tolist()])
+    log_probs = []
+    for view in range(views):
+        logits = F.normalize(global_features[view].double(), dim=1) @ w.t() / temperature
+        log_probs.append(torch.log(torch.softmax(logits.gather(1, others), dim=1)))
+    pairs = []
+    for a in range(views):
+        for b in range(a + 1, views):
+            kl_pq = F.kl_div(log_probs[b], log_probs[a], reduction="none", log_target=True).sum(dim=1)
+            kl_qp = F.kl_div(log_probs[a], log_probs[b], reduction="none", log_target=True).sum(dim=1)
+            pairs.append(0.5 * (kl_pq + kl_qp))
+    return torch.stack(pairs)
+
+
+def reference_co2_per_view(global_features, weight, instance_ids, temperature):
+    """``[G, n]``: each global view's mean of the pair terms it takes part in."""
+    views = global_features.shape[0]
+    pair_terms = reference_co2_pairs(global_features, weight, instance_ids, temperature)
+    per_view = torch.zeros(views, global_features.shape[1], dtype=torch.float64)
+    pair = 0
+    for a in range(views):
+        for b in range(a + 1, views):
+            per_view[a] += pair_terms[pair] / (views - 1)
+            per_view[b] += pair_terms[pair] / (views - 1)
+            pair += 1
+    return per_view

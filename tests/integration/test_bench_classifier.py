@@ -71,3 +71,16 @@ def test_ddp_holds_about_twice_the_memory_and_the_report_shows_every_run(bench):
 def test_bench_rejects_a_batch_that_does_not_split_evenly(capsys):
     assert main("bench classifier --batch 33 --ranks 2".split()) == 2
     assert "--batch 33 must be divisible by --ranks 2" in capsys.readouterr().err
+
+
+def test_co2_bench_times_both_losses_and_counts_the_same_collectives(tmp_path, capsys):
+    out = tmp_path / "co2.json"
+    args = f"bench classifier --co2 --num-classes 20000 --batch 64 --dim {D} --ranks {T} --chunk-size 1000 --steps 2"
+    assert main(args.split() + ["--json", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    for name in ("plain", "co2"):
+        assert 0 < summary["step_s"][name] < 60
+    # Both all-gathers (ids, features), MAX, SUM, and the features' reduce-scatter in the backward.
+    assert summary["collectives_per_step"] == {"plain": 5, "co2": 5} and summary["collectives_unchanged"]
+    assert summary["overhead"] == pytest.approx(summary["step_s"]["co2"] / summary["step_s"]["plain"] - 1)
+    assert "collectives unchanged" in capsys.readouterr().out

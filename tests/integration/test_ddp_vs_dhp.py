@@ -9,13 +9,13 @@ from PIL import Image
 from trainer.bench.planner import GIB, PlanInput, largest_classes
 from trainer.cli import main
 
-CAP_GIB = 0.08
+CAP_GIB = 0.12
 
 
 def test_sweep_finds_both_limits_and_writes_table_csv_and_plot(tmp_path, capsys):
     out = tmp_path / "report"
     args = (f"bench ddp-vs-dhp --ranks 2 --batch 32 --dim 64 --chunk-size 4096 --cap-gib {CAP_GIB} "
-            f"--start-classes 40000 --refine-steps 2 --out {out}").split()
+            f"--start-classes 40000 --refine-steps 3 --out {out}").split()
     assert main(args) == 0
     summary = json.loads((out / "summary.json").read_text())
     ddp, dhp = summary["largest_classes"]["ddp"], summary["largest_classes"]["dhp"]

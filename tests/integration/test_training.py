@@ -7,7 +7,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 import torch
 
 from tests.helpers.training import FAST, REPO, classifier_rows, latest_checkpoint, run_train, step_losses, train_command
@@ -47,7 +46,6 @@ def _compare_updates(a: torch.Tensor, b: torch.Tensor, start: torch.Tensor) -> t
     return float(gap), float(moved_a @ moved_b / (moved_a.norm() * moved_b.norm()))
 
 
-@pytest.mark.slow
 def test_resharding_2_to_1_to_2_continues_the_same_training(digits_split, tmp_path):
     """Stop on 2 ranks mid-epoch, run 3 steps on 1 rank, then 3 more back on 2 ranks, with the same
     global batch (2 x 64 = 1 x 128); compare with the same 6 steps never resharded.  The sampler
@@ -120,7 +118,6 @@ def test_sigterm_saves_a_complete_checkpoint_and_exits_zero(digits_split, tmp_pa
     assert "SIGTERM: saving at step" in output and "exiting 0" in output
 
 
-@pytest.mark.slow
 def test_training_learns_and_beats_random_init_knn(digits_split, tmp_path):
     result = run_train(tmp_path, digits_split, 2, ["eval.knn_at_end=true"], timeout=1200)
     losses = step_losses(tmp_path)

@@ -86,3 +86,30 @@ def test_partial_torchrun_environment_is_explained(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(RuntimeError, match="launch with `torchrun`"):
         init_distributed()
+
+
+@pytest.mark.parametrize("bad_id", [20, -1, 1000])
+def test_out_of_range_ids_poison_the_loss_even_with_validation_off(bad_id):
+    """The kernel's bounds check stays on: the loss turns NaN (the non-finite watch stops the run)
+    instead of silently losing the target term, and the bad sample sends no gradient anywhere."""
+    torch.manual_seed(0)
+    model = classifier(validate_inputs=False, smoothing_alpha=0.0)
+    features = torch.randn(3, 8, requires_grad=True)
+    loss = model(features, torch.tensor([0, bad_id, 19]))
+    assert torch.isnan(loss)
+    loss.backward()
+    weight_grad, feature_grad = model.weight.grad.clone(), features.grad.clone()
+    assert torch.isfinite(weight_grad).all() and torch.isfinite(feature_grad).all()
+    assert torch.equal(feature_grad[1], torch.zeros(8))
+
+    # Reference: the two good samples alone, with the same denominator (3 valid samples).
+    model.weight.grad = None
+    good = features.detach()[[0, 2]].requires_grad_(True)
+    (model(good, torch.tensor([0, 19])) * 2 / 3).backward()
+    torch.testing.assert_close(feature_grad[[0, 2]], good.grad)
+    torch.testing.assert_close(weight_grad, model.weight.grad)
+
+
+def test_in_range_ids_with_validation_off_give_a_finite_loss():
+    model = classifier(validate_inputs=False, smoothing_alpha=0.0)
+    assert torch.isfinite(model(torch.randn(3, 8), torch.tensor([0, 19, 7])))

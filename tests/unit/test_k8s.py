@@ -115,3 +115,20 @@ def test_dockerfile_builds_from_the_repository_as_a_non_root_user():
             assert (ROOT / path).exists(), f"Dockerfile copies {path}, which is not in the repository"
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".venv", "out", ".git"} <= set(ignored)
+
+
+def test_training_pods_run_as_non_root_with_a_read_only_root_filesystem():
+    pods = [d["spec"]["template"]["spec"] for _, d in all_documents() if d["kind"] == "Job"]
+    pods += [replica["template"]["spec"] for _, d in all_documents() if d["kind"] == "PyTorchJob"
+             for replica in d["spec"]["pytorchReplicaSpecs"].values()]
+    assert len(pods) == 3
+    for pod in pods:
+        assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] == 1000
+        for container in pod["containers"]:
+            context = container["securityContext"]
+            assert context["readOnlyRootFilesystem"] and not context["allowPrivilegeEscalation"]
+            assert context["capabilities"]["drop"] == ["ALL"]
+            # Every place the job writes is an explicit volume.
+            writable = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
+            assert writable == {"/tmp", "/dev/shm", "/checkpoints"}
+            assert {"name": "HOME", "value": "/tmp/home"} in container["env"]

@@ -1,5 +1,7 @@
 """The memory planner's arithmetic and its answers to "does it fit?"."""
 
+from dataclasses import replace
+
 import pytest
 
 from trainer.bench.planner import GIB, PlanInput, classifier_breakdown, format_plan, largest_classes, predict, total
@@ -72,3 +74,44 @@ def test_pic_rows_off_the_device_make_device_memory_independent_of_n():
     assert total(full) > 3 * total(on_device) / 2 > total(large)
     text = format_plan(large, 16 * GIB)
     assert "PIC (K=65,536 recent ids, rows on host)" in text and "any (device memory does not grow with N)" in text
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_co2_scratch_is_what_the_fused_backward_allocates(monkeypatch, cached):
+    """Counts the chunk buffers the real kernel allocates with and without the term."""
+    import torch
+
+    from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
+    from trainer.classifier.chunk_workspace import ChunkWorkspace
+    from trainer.parallel.dims import single_process_dims
+
+    num_classes, batch, chunk = 300, 8, 64
+    allocated: list[int] = []
+    original = ChunkWorkspace._buffer
+
+    def counting(self, name, per_row):
+        if name not in self._lazy:
+            allocated.append(self._chunk_rows * per_row * 4)
+        return original(self, name, per_row)
+
+    monkeypatch.setattr(ChunkWorkspace, "_buffer", counting)
+    cache_bytes = 1 << 30 if cached else 0
+
+    def workspace_bytes(alpha):
+        allocated.clear()
+        classifier = ShardedCosineClassifier(
+            ClassifierConfig(num_classes=num_classes, feature_dim=16, chunk_size=chunk, co2_alpha=alpha,
+                             logits_cache_bytes=cache_bytes), single_process_dims())
+        features = torch.randn(2 * batch, 16, requires_grad=True)
+        classifier(features, torch.arange(batch).repeat(2), view_kinds=["global", "global"]).backward()
+        return sum(allocated)
+
+    measured = workspace_bytes(0.3) - workspace_bytes(0.0)
+    plan = PlanInput(mode="dhp", num_classes=num_classes, ranks=1, batch=batch, dim=16, chunk_size=chunk,
+                     logits_cache_bytes=cache_bytes, device="cpu", co2=True)
+    predicted = predict(plan)["CO2 term (chunk scratch)"]
+    # The forward's own blocks (difference, products; with the cache holding logits, the exp(z)
+    # buffer) are freed before the backward allocates its, so they are not part of the peak.
+    forward_blocks = (1 + 2 + (2 if cached else 0)) * batch * chunk * 4
+    assert measured == predicted + forward_blocks
+    assert predict(replace(plan, co2=False))["CO2 term (chunk scratch)"] == 0

@@ -52,6 +52,13 @@ def test_shipped_configs_load():
         ("data: {train_shards: x}\nobjective: {mode: replicated}", r"objective.mode='replicated' is invalid: choose one of \('dhp', 'ddp'\)"),
         ("data: {train_shards: x}\nobjective: {name: instance, update_in_backward: true, mode: ddp}",
          r"objective.update_in_backward=True is invalid: the in-backward update needs mode 'dhp'"),
+        ("data: {train_shards: x}\nobjective: {name: pic, co2_temperature: 0.01}",
+         r"objective.co2_temperature=0.01 is invalid: use a temperature >= 0.02"),
+        ("data: {train_shards: x}\nlogging: {metrics_bind: localhost:9400}",
+         r"logging.metrics_bind='localhost:9400' is invalid: use an IP address"),
+        # YAML is read with the safe loader: a tag that would build a Python object is refused.
+        ("data: {train_shards: !!python/object/apply:os.system [touch /tmp/instcls-yaml-ran]}",
+         r"could not determine a constructor for the tag"),
     ],
 )
 def test_bad_values_name_the_field(tmp_path, text, message):

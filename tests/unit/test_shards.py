@@ -161,3 +161,21 @@ def test_cli_validate_exits_nonzero_on_problems(color_copy, capsys):
     assert main(["validate-shards", str(color_copy)]) == 1
     out = capsys.readouterr().out
     assert "PROBLEM colors-000000.tar key 9999999999: missing component(s) .jpg, .cls" in out
+
+
+def test_image_folder_refuses_links_that_leave_its_root(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    secret = outside / "secret.png"
+    secret.write_bytes(b"not for the shards")
+    root = tmp_path / "root"
+    (root / "cats").mkdir(parents=True)
+    (root / "cats" / "ok.png").write_bytes(b"inside")
+    assert len(image_folder(root).images) == 1
+    (root / "cats" / "link.png").symlink_to(secret)
+    with pytest.raises(ValueError, match=r"cats/link.png resolves to .*secret.png, outside the image folder"):
+        image_folder(root)
+    (root / "cats" / "link.png").unlink()
+    (root / "dogs").symlink_to(outside, target_is_directory=True)  # a whole class folder elsewhere
+    with pytest.raises(ValueError, match=r"dogs resolves to .*outside, outside the image folder"):
+        image_folder(root)

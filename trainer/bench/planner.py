@@ -46,6 +46,7 @@ class PlanInput:
     device: str = "gpu"  # "gpu" adds the CUDA context + NCCL buffers
     queue: int = 65536  # pic: K recent ids scored besides the batch
     row_store: str = "host"  # pic: "device" keeps W and momentum on the device; "host"/"disk" do not
+    co2: bool = False  # CO2's consistency term (two global views): its chunk scratch in the backward
 
     def __post_init__(self) -> None:
         if self.mode not in ("ddp", "dhp", "pic"):
@@ -60,6 +61,17 @@ class PlanInput:
 
 def _element_size(dtype: str) -> int:
     return torch.empty((), dtype=getattr(torch, dtype)).element_size()
+
+
+def co2_scratch(plan: PlanInput, scored: int, chunk: int, logits_cached: bool) -> int:
+    """The backward's extra ``[chunk, columns]`` fp32 blocks of CO2's term
+    (``trainer.classifier.consistency``): the unshifted logits (unless the cache holds them), the
+    term's ``exp(s)`` of the 2 global views, their difference and a pair-sized work block."""
+    if not plan.co2:
+        return 0
+    columns_per_view = scored // plan.views
+    blocks = (0 if logits_cached else plan.views) + 2 + 1 + 2  # in units of one view's columns
+    return blocks * columns_per_view * chunk * 4
 
 
 def pic_breakdown(plan: PlanInput) -> dict[str, int]:
@@ -79,6 +91,7 @@ def pic_breakdown(plan: PlanInput) -> dict[str, int]:
         "classifier momentum": shard if on_device and plan.momentum else 0,
         "sampled rows (W, momentum, gradient)": 3 * sampled * plan.dim * 4,
         "logits/activations (chunk workspace)": workspace,
+        "CO2 term (chunk scratch)": co2_scratch(plan, scored, chunk, logits_cached=False),
     }
 
 
@@ -93,12 +106,14 @@ def classifier_breakdown(plan: PlanInput) -> dict[str, int]:
     workspace = scored * chunk * (4 + (_element_size(plan.dtype) if low_precision else 0)) + 2 * chunk * plan.dim * 4
     workspace += chunk * 4 + scored * plan.dim * (4 + _element_size(plan.dtype))  # norms, gathered features + grad
     cache = LogitsCache.size_bytes(scored, rows)
+    cached = cache <= plan.logits_cache_bytes
     return {
         "classifier weights": shard,
         "classifier gradients": 0 if plan.update_in_backward else shard,
         "classifier momentum": shard if plan.momentum else 0,
         "logits/activations (chunk workspace)": workspace,
-        "logits cache": cache if cache <= plan.logits_cache_bytes else 0,
+        "logits cache": cache if cached else 0,
+        "CO2 term (chunk scratch)": co2_scratch(plan, scored, chunk, logits_cached=cached),
     }
 
 

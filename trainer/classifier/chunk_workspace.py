@@ -15,6 +15,8 @@ fp32 weight's gradient accumulates is fp32.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 NORM_EPS = 1e-12  # the epsilon of torch.nn.functional.normalize
@@ -40,6 +42,11 @@ class ChunkWorkspace:
         if name not in self._lazy:
             self._lazy[name] = torch.empty(self._chunk_rows * per_row, device=self.device)
         return self._lazy[name]
+
+    def block(self, name: str, rows: int, *shape: int) -> torch.Tensor:
+        """A reused contiguous fp32 ``[rows, *shape]`` buffer (per-chunk scratch of a loss term)."""
+        per_row = math.prod(shape)
+        return self._buffer(name, per_row)[: rows * per_row].view(rows, *shape)
 
     def logits(self, rows: int) -> torch.Tensor:
         """The reused fp32 ``[rows, B]`` buffer."""

@@ -10,6 +10,16 @@ from trainer.classifier.losses import SmoothingForm
 MODES = ("dhp", "ddp")
 
 
+def co2_checks(config) -> list[tuple[bool, str, str]]:
+    """``(ok, field, fix)`` for the ``co2_alpha`` / ``co2_temperature`` fields of ``config``."""
+    return [
+        (config.co2_alpha >= 0, "co2_alpha", "use alpha >= 0 (0: off; CO2's MoCo v2 setting: 0.3)"),
+        (config.co2_temperature >= 1 / MAX_ABS_LOGIT, "co2_temperature",
+         f"use a temperature >= {1 / MAX_ABS_LOGIT} (CO2's MoCo v2 setting: 0.05); the kernel exponentiates "
+         "cosine logits up to 1/temperature without a running max"),
+    ]
+
+
 @dataclass
 class ClassifierConfig:
     """The N-way cosine-softmax instance classifier.
@@ -28,6 +38,9 @@ class ClassifierConfig:
         init_std: standard deviation of the Gaussian initial weights.
         init_seed: seed of the initial weights; rows depend only on (seed, global row), so the
             same seed gives the same W under any sharding.
+        co2_alpha: weight of CO2's consistency term (``trainer.classifier.consistency``); 0 is off,
+            CO2's MoCo v2 setting is 0.3.  Needs at least two global views per image.
+        co2_temperature: tau_con of the term's two distributions (CO2's MoCo v2 setting: 0.05).
         logits_cache_bytes: keep the chunk logits of the forward for the backward when they fit in
             this many bytes per rank, instead of recomputing them (one matmul fewer per step);
             0 always recomputes.
@@ -50,6 +63,8 @@ class ClassifierConfig:
     smoothing_form: str = "paper"
     init_std: float = 0.01
     init_seed: int = 0
+    co2_alpha: float = 0.0
+    co2_temperature: float = 0.05
     logits_cache_bytes: int = 0
     validate_inputs: bool = True
     backbone_grads_averaged: bool = True
@@ -81,6 +96,8 @@ class ClassifierConfig:
         valid_forms = tuple(form.value for form in SmoothingForm)
         need(self.smoothing_form in valid_forms, "smoothing_form", f"choose one of {valid_forms}")
         need(self.init_std > 0, "init_std", "use a positive standard deviation (e.g. 0.01)")
+        for ok, field, fix in co2_checks(self):
+            need(ok, field, fix)
         need(self.logits_cache_bytes >= 0, "logits_cache_bytes", "use 0 (recompute) or a byte budget")
 
     @property

@@ -27,10 +27,11 @@ from dataclasses import dataclass
 import torch
 
 from trainer.classifier.chunk_workspace import ChunkWorkspace, LogitsCache
+from trainer.classifier.consistency import ConsistencyBackward, ConsistencyForward, ConsistencySettings
 from trainer.classifier.losses import LOG_NORMALIZER, LOSS_FORMS, SmoothingForm, Targets
 from trainer.classifier.reductions import SampleColumns, reduce_over_ranks
 from trainer.classifier.scored_rows import ScoredRows
-from trainer.parallel.collectives import CommTimer, Group
+from trainer.parallel.collectives import CommTimer, Group, group_size
 
 MAX_ABS_LOGIT = 50.0  # exp(+-50) and N * exp(50) stay far inside fp32's normal range
 LOG2_E = math.log2(math.e)
@@ -71,12 +72,29 @@ def sharded_cosine_ce(features, weight, target_cols, target_weights, settings: K
     all-gather backward sums it over the group); the weight's gradient touches the scored rows only.
     A sample whose loss gradient is 0 (padding) contributes exactly 0 to both.
     """
+    return _apply(features, weight, target_cols, target_weights, settings, group, timer, rows, update_in_backward,
+                  None)[0]
+
+
+def sharded_cosine_ce_with_consistency(features, weight, target_cols, target_weights, settings: KernelSettings,
+                                       consistency: ConsistencySettings, group, timer=None, rows=None,
+                                       update_in_backward=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(per-sample loss [B], per-sample CO2 term [B])`` from the same chunk loop and the same two
+    all-reduces (see ``trainer.classifier.consistency``).  The batch must be laid out
+    ``[ranks, views, b]`` (the all-gather order of per-rank concatenated views); the term is 0 in the
+    columns of views that do not take part."""
+    return _apply(features, weight, target_cols, target_weights, settings, group, timer, rows, update_in_backward,
+                  consistency)
+
+
+def _apply(features, weight, target_cols, target_weights, settings, group, timer, rows, update_in_backward,
+           consistency):
     scored = ScoredRows(rows, weight.shape[0])
     # Without a backward to come (no_grad, frozen inputs) a cache would only cost memory.
     backward_expected = torch.is_grad_enabled() and (features.requires_grad or weight.requires_grad)
     cache_budget = settings.logits_cache_bytes if backward_expected else 0
     return _ShardedCosineCE.apply(features, weight, target_cols, target_weights, settings, group, timer, scored,
-                                  update_in_backward, cache_budget)
+                                  update_in_backward, cache_budget, consistency)
 
 
 class _TargetsByChunk:
@@ -102,8 +120,10 @@ def _cache_for(cache_budget: int, batch: int, scored: ScoredRows, device) -> Log
 
 
 def _forward_chunks(scaled_features, weight, scored: ScoredRows, target_cols, settings: KernelSettings,
-                    cache_budget: int):
-    """``(sum_j exp(z_ij) [B], base-2 target logits [B, K+1], cache or None)`` over the scored rows."""
+                    cache_budget: int, consistency: ConsistencySettings | None, ranks: int):
+    """``(sum_j exp(z_ij) [B], base-2 target logits [B, K+1], cache or None, consistency sums or None)``
+    over the scored rows.  With the consistency term the cache keeps the base-2 logits themselves
+    (its backward needs them), otherwise ``exp(z)``."""
     batch, device = scaled_features.shape[0], scaled_features.device
     sum_exp = torch.zeros(batch, device=device)
     target_logits = torch.zeros(target_cols.shape[::-1], device=device)  # [K+1, B]
@@ -111,51 +131,82 @@ def _forward_chunks(scaled_features, weight, scored: ScoredRows, target_cols, se
     workspace = ChunkWorkspace(batch, min(settings.chunk_size, scored.count), weight.shape[1], scaled_features.dtype,
                                device, gathers_rows=scored.indices is not None)
     targets = _TargetsByChunk(target_cols, settings.chunk_size)
+    sums = None
+    if consistency is not None:
+        sums = ConsistencyForward(consistency, settings.temperature, batch, ranks, workspace, device)
     for start, end in scored.chunks(settings.chunk_size):
         weight_hat, _ = workspace.normalized_rows(scored.read(weight, start, end, workspace.gathered_rows))
         out = workspace.logits(end - start) if cache is None else cache.chunk(start, end)
         logits = workspace.cosine_logits(scaled_features, weight_hat, out)
         target_rows, inside = targets.in_chunk(start, end - start)
         target_logits += torch.where(inside, logits.gather(0, target_rows), 0.0)
-        sum_exp += logits.exp2_().sum(dim=0)  # in place: the cache keeps exp(z)
-    return sum_exp, target_logits.t(), cache
+        if sums is None:
+            sum_exp += logits.exp2_().sum(dim=0)  # in place: the cache keeps exp(z)
+            continue
+        sums.before_exp(logits)
+        # The cache keeps the logits for the term's backward; without one they can go.
+        exps = logits.exp2_() if cache is None else torch.exp2(logits, out=workspace.logits(end - start))
+        sum_exp += exps.sum(dim=0)
+        sums.after_exp(exps, target_rows[0], inside[0])  # row 0 of the targets: the instance's own
+    return sum_exp, target_logits.t(), cache, sums
 
 
 class _ShardedCosineCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, features, weight, target_cols, target_weights, settings: KernelSettings, group: Group,
-                timer: CommTimer | None, scored: ScoredRows, update_in_backward, cache_budget: int):
+                timer: CommTimer | None, scored: ScoredRows, update_in_backward, cache_budget: int,
+                consistency: ConsistencySettings | None):
         # log2(e)/tau is folded into the features once instead of scaling every chunk's logits.
         scaled_features = (features.float() * (LOG2_E / settings.temperature)).to(features.dtype)
-        sum_exp, target_logits_base2, cache = _forward_chunks(
-            scaled_features, weight, scored, target_cols, settings, cache_budget
+        ranks = group_size(group)
+        sum_exp, target_logits_base2, cache, sums = _forward_chunks(
+            scaled_features, weight, scored, target_cols, settings, cache_budget, consistency, ranks
         )
         targets = Targets(target_logits_base2 / LOG2_E, target_cols >= 0, target_weights.float())
         form = LOSS_FORMS[SmoothingForm(settings.form)]
         columns = SampleColumns(logsumexp={LOG_NORMALIZER: torch.log(sum_exp)}).add(form.local_columns(targets))
-        loss, gradient = form.finish(targets, reduce_over_ranks(columns, group, timer))
+        if sums is not None:
+            columns = columns.add(sums.columns())  # more columns, the same two all-reduces
+        reduced = reduce_over_ranks(columns, group, timer)
+        loss, gradient = form.finish(targets, reduced)
         ctx.save_for_backward(scaled_features, weight, target_cols, gradient.softmax_scale, gradient.log_normalizer,
                               gradient.target_coef)
         ctx.settings, ctx.scored, ctx.cache, ctx.update_in_backward = settings, scored, cache, update_in_backward
-        return loss
+        ctx.consistency, ctx.ranks = consistency, ranks
+        if sums is None:
+            term = loss.new_zeros(0)
+            ctx.mark_non_differentiable(term)
+            ctx.consistency_saved = None
+        else:
+            term, ctx.consistency_saved = sums.finish(reduced)
+        return loss, term
 
     @staticmethod
-    def backward(ctx, grad_loss):
+    def backward(ctx, grad_loss, grad_term):
         scaled_features, weight, target_cols, softmax_scale, log_normalizer, target_coef = ctx.saved_tensors
+        consistency = None
+        if ctx.consistency is not None:
+            def consistency(column_signs, shift_base2, workspace):
+                return ConsistencyBackward(ctx.consistency, ctx.settings.temperature, ctx.consistency_saved,
+                                           grad_term, column_signs, shift_base2, workspace, ctx.ranks)
         grad_features, grad_weight = _backward_chunks(
             scaled_features, weight, target_cols, grad_loss.float() * softmax_scale, log_normalizer,
             grad_loss.float()[:, None] * target_coef, ctx.settings, ctx.scored, ctx.cache, ctx.update_in_backward,
+            consistency,
         )
         if ctx.cache is not None:
             ctx.cache.release()
             ctx.cache = None
-        return grad_features, grad_weight, None, None, None, None, None, None, None, None
+        return grad_features, grad_weight, None, None, None, None, None, None, None, None, None
 
 
 def _backward_chunks(scaled_features, weight, target_cols, row_scale, log_normalizer, target_grad,
-                     settings: KernelSettings, scored: ScoredRows, cache: LogitsCache | None, update):
-    """``dL/dz_ij = row_scale_i exp(z_ij - log_normalizer_i) - target_grad_ik``, pushed through the
-    chunk matmuls into the features and (or the in-backward update of) the scored rows."""
+                     settings: KernelSettings, scored: ScoredRows, cache: LogitsCache | None, update,
+                     consistency=None):
+    """``dL/dz_ij = row_scale_i exp(z_ij - log_normalizer_i) - target_grad_ik`` (plus the consistency
+    term's, when ``consistency(column_signs, shift_base2, workspace)`` builds its
+    ``ConsistencyBackward``), pushed through the chunk matmuls into the features and (or the
+    in-backward update of) the scored rows."""
     batch, dim = scaled_features.shape
     device = scaled_features.device
     grad_features = torch.zeros(batch, dim, device=device)
@@ -166,7 +217,9 @@ def _backward_chunks(scaled_features, weight, target_cols, row_scale, log_normal
     workspace = ChunkWorkspace(batch, min(settings.chunk_size, scored.count), dim, scaled_features.dtype, device,
                                gathers_rows=scored.indices is not None)
     signs, signed_features = None, scaled_features
-    if cache is not None:
+    # A cache of exp(z) is rescaled per column; the consistency term needs the logits themselves.
+    scales_cache = cache is not None and consistency is None
+    if scales_cache:
         cache_scale = (row_scale * torch.exp(-log_normalizer))[None, :]
     else:
         # exp(z - shift) = |row_scale| p, the scale riding in the matmul's output write.  A zero
@@ -179,16 +232,24 @@ def _backward_chunks(scaled_features, weight, target_cols, row_scale, log_normal
         signs = torch.where(row_scale < 0, -1.0, 1.0)
         target_grad = target_grad * signs[:, None]
         signed_features = scaled_features * signs[:, None].to(scaled_features.dtype)
+    term = None if consistency is None else consistency(signs, shift_base2, workspace)
     targets, minus_target_grad = _TargetsByChunk(target_cols, settings.chunk_size), -target_grad.t()
     for start, end in scored.chunks(settings.chunk_size):
         weight_hat, norm = workspace.normalized_rows(scored.read(weight, start, end, workspace.gathered_rows))
         grad_logits = workspace.logits(end - start)
-        if cache is not None:
+        logits = None
+        if scales_cache:
             torch.mul(cache.chunk(start, end), cache_scale, out=grad_logits)
-        else:
+        elif term is None:
             workspace.cosine_logits(scaled_features, weight_hat, grad_logits, shift_base2).exp2_()
+        else:
+            logits = cache.chunk(start, end) if cache is not None else workspace.cosine_logits(
+                scaled_features, weight_hat, workspace.block("logits_base2", end - start, batch))
+            term.softmax_exps(logits, out=grad_logits)
         target_rows, inside = targets.in_chunk(start, end - start)
         grad_logits.scatter_add_(0, target_rows, torch.where(inside, minus_target_grad, 0.0))
+        if term is not None:
+            term.add_chunk(grad_logits, logits, target_rows[0], inside[0])
         workspace.add_grad_features(grad_features, grad_logits, weight_hat)
         rows = scored.rows_of(start, end)
         # Contiguous rows of a full gradient are written in place by the matmul.

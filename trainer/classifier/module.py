@@ -26,11 +26,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.classifier.config import ClassifierConfig
+from trainer.classifier.consistency import settings_for_views, weighted_sum
 from trainer.classifier.hard_negatives import HardNegativeIndex
 from trainer.classifier.in_backward_sgd import InBackwardSGD
 from trainer.classifier.sharding import ClassShard
-from trainer.classifier.kernel import KernelSettings, sharded_cosine_ce
-from trainer.classifier.validation import check_inputs_on_all_ranks, local_input_problem
+from trainer.classifier.kernel import KernelSettings, sharded_cosine_ce, sharded_cosine_ce_with_consistency
+from trainer.classifier.validation import check_inputs_on_all_ranks, local_input_problem, poison_out_of_range
 from trainer.parallel.collectives import CommTimer, all_gather_rows_with_grad, all_reduce_, gather_rows, group_size, scale_grad
 from trainer.parallel.dims import ParallelDims
 
@@ -112,6 +113,7 @@ class ShardedCosineClassifier(nn.Module):
         valid: torch.Tensor | None = None,
         global_valid: int | None = None,
         validate: bool | None = None,
+        view_kinds: list[str] | None = None,
     ) -> torch.Tensor:
         """Loss of a local batch.
 
@@ -129,6 +131,9 @@ class ShardedCosineClassifier(nn.Module):
                 groups are assumed to hold equal numbers of valid samples.
             validate: check the inputs on this call (collective; default ``config.validate_inputs``).
                 A trainer checks on log steps only, where it syncs anyway.
+            view_kinds: when ``features`` are several views of the same samples concatenated view
+                after view (``instance_ids`` repeated), the kind of each ("global"/"small"); CO2's
+                term (``co2_alpha > 0``) needs them to pair the views of an image.
         """
         config = self.config
         use_smoothing = config.smoothing_alpha > 0 and hard_negatives is not None
@@ -154,10 +159,20 @@ class ShardedCosineClassifier(nn.Module):
         features = scale_grad(F.normalize(features, dim=1), self.feature_grad_scale)
         features = all_gather_rows_with_grad(features, self.group, self.comm_timer)
         target_weights = self._target_weights(target_cols.shape[1] - 1, features.device)
-        per_sample = sharded_cosine_ce(features, self.weight, target_cols, target_weights.expand(target_cols.shape[0], -1),
-                                       self.kernel_settings, self.group, self.comm_timer,
-                                       update_in_backward=self.update_in_backward)
-        return (per_sample * all_valid).sum() / self._loss_denominator(all_valid, global_valid)
+        target_weights = target_weights.expand(target_cols.shape[0], -1)
+        denominator = self._loss_denominator(all_valid, global_valid)
+        if config.co2_alpha == 0:
+            per_sample = sharded_cosine_ce(features, self.weight, target_cols, target_weights, self.kernel_settings,
+                                           self.group, self.comm_timer, update_in_backward=self.update_in_backward)
+            per_sample = poison_out_of_range(per_sample, targets, config.num_classes)
+            return (per_sample * all_valid).sum() / denominator
+        consistency = settings_for_views(config.co2_temperature, view_kinds or ["global"])
+        per_sample, term = sharded_cosine_ce_with_consistency(
+            features, self.weight, target_cols, target_weights, self.kernel_settings, consistency, self.group,
+            self.comm_timer, update_in_backward=self.update_in_backward,
+        )
+        per_sample = poison_out_of_range(per_sample, targets, config.num_classes)
+        return weighted_sum(per_sample, term, all_valid, config.co2_alpha, consistency) / denominator
 
     def _target_weights(self, top_k: int, device: torch.device) -> torch.Tensor:
         """``[1, 1 + K]``: the instance's ``1 - alpha``, then ``alpha / K`` per hard negative."""

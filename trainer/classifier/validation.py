@@ -62,6 +62,19 @@ def local_input_problem(
     return None
 
 
+def poison_out_of_range(per_sample_loss: torch.Tensor, target_ids: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """The per-sample loss with NaN wherever a sample's target ids leave ``[0, num_classes)``.
+
+    The check that stays on when ``validate_inputs`` is off: such an id has no row on any shard, so
+    the kernel would silently drop its target term and train on a wrong loss.  Marking the sample
+    NaN costs no host sync and no collective (every rank of the group holds the same gathered ids);
+    the trainer's non-finite watch stops the run at its next check, and no gradient flows from the
+    marked samples meanwhile (``masked_fill`` passes none to filled entries).
+    """
+    bad = ((target_ids < 0) | (target_ids >= num_classes)).any(dim=1)
+    return per_sample_loss.masked_fill(bad, float("nan"))
+
+
 def _out_of_range(ids: torch.Tensor, num_classes: int) -> int | None:
     bad = (ids < 0) | (ids >= num_classes)
     return int(ids[bad][0]) if bool(bad.any()) else None

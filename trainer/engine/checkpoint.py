@@ -4,6 +4,7 @@ Layout of ``<dir>/step_000001234/`` (written as ``step_000001234.tmp/`` and rena
 when every rank has finished, so a directory without ``.tmp`` is always complete)::
 
     trainer.json                    the trainer's state (epoch, step, ...) and the world layout
+    manifest.json                   bytes and CRC-32 of every other file (damage is found on resume)
     deepspeed/                      DeepSpeed engine state (saved by all ranks)
     model.pt                        consolidated fp32 backbone + head (for eval and resharding)
     components/NAME/rank-XXXXX.pt   each component's own state (objective, sampler, ...)
@@ -18,6 +19,9 @@ same rank's file, or rank 0's when that rank did not exist.  With the same world
 DeepSpeed state restores the backbone exactly; with another, the backbone weights come from
 ``model.pt`` and its optimizer momentum restarts (logged), because ZeRO partitions that state by
 data-parallel rank.  The directory must be on storage every rank sees.
+
+``--resume auto`` takes the newest complete checkpoint whose files match its manifest; a damaged
+one (a truncated or altered file, a file gone) is reported by file and the previous one is used.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ import os
 import random
 import re
 import shutil
+import zlib
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -35,10 +42,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from trainer.engine.safe_load import load_data, refuse_pickled_code
 from trainer.objectives.base import ShardedRows
 from trainer.parallel import ParallelDims
 
 _NAME = re.compile(r"^step_(\d{9})$")
+MANIFEST = "manifest.json"
+_CRC_BLOCK = 8 << 20
 _ROWS_TAG = "__sharded_rows__"
 
 
@@ -61,17 +71,85 @@ def complete_checkpoints(directory: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.name)
 
 
-def resolve_resume(resume: str | None, directory: Path) -> Path | None:
-    """``None``/"none" -> start fresh; "auto" -> newest complete checkpoint (or fresh); else a path."""
+def _crc32(path: Path) -> str:
+    crc = 0
+    with open(path, "rb") as file:
+        while block := file.read(_CRC_BLOCK):
+            crc = zlib.crc32(block, crc)
+    return f"{crc:08x}"
+
+
+def write_manifest(path: Path) -> None:
+    """``manifest.json``: bytes and CRC-32 of every file of the checkpoint (rank 0, once all ranks wrote)."""
+    path = Path(path)
+    files = sorted(f for f in path.rglob("*") if f.is_file() and f.name not in (MANIFEST, "trainer.json"))
+    entries = {str(f.relative_to(path)): {"bytes": f.stat().st_size, "crc32": _crc32(f)} for f in files}
+    (path / MANIFEST).write_text(json.dumps(entries, indent=0))
+
+
+def checkpoint_damage(path: Path) -> str | None:
+    """What is wrong with a complete checkpoint's files, or None (also for one without a manifest,
+    written before manifests existed)."""
+    path = Path(path)
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        return None
+    try:
+        entries = json.loads(manifest.read_text())
+    except (OSError, ValueError) as error:
+        return f"{manifest} is unreadable ({error})"
+    for name, expected in entries.items():
+        file = path / name
+        if not file.is_file():
+            return f"{file} is missing"
+        size = file.stat().st_size
+        if size != expected["bytes"]:
+            return f"{file} has {size} bytes, the manifest says {expected['bytes']} (truncated or rewritten)"
+        if _crc32(file) != expected["crc32"]:
+            return f"{file} does not match its CRC-32 in the manifest (its bytes changed after the save)"
+    return None
+
+
+def resolve_resume(resume: str | None, directory: Path, log=print) -> Path | None:
+    """``None``/"none" -> start fresh; "auto" -> newest undamaged complete checkpoint (or fresh when
+    there is none at all); else that path, which must be complete and undamaged."""
     if resume in (None, "none"):
         return None
     if resume == "auto":
         found = complete_checkpoints(directory)
-        return found[-1] if found else None
+        damaged = []
+        for path in reversed(found):
+            problem = checkpoint_damage(path)
+            if problem is None:
+                return path
+            damaged.append(problem)
+            log(f"checkpoint {path} is damaged: {problem}; trying the one before it")
+        if damaged:
+            raise RuntimeError(f"--resume auto: every checkpoint in {directory} is damaged ({'; '.join(damaged)}); "
+                               "restore one from a backup, or start over with --resume none")
+        return None
     path = Path(resume)
     if not (path / "trainer.json").is_file():
         raise FileNotFoundError(f"--resume {resume}: not a complete checkpoint (no trainer.json); use --resume auto")
+    problem = checkpoint_damage(path)
+    if problem is not None:
+        raise RuntimeError(f"--resume {resume}: the checkpoint is damaged: {problem}; use an earlier one or --resume auto")
     return path
+
+
+def resolve_resume_on_rank0(resume: str | None, directory: Path, dims: ParallelDims, log=print) -> Path | None:
+    """``resolve_resume`` run once (rank 0 reads the files), its answer sent to every rank."""
+    answer = [None]
+    if dims.rank == 0:
+        try:
+            answer[0] = resolve_resume(resume, directory, log)
+        except (RuntimeError, FileNotFoundError) as error:
+            answer[0] = error
+    if dims.is_distributed:
+        dist.broadcast_object_list(answer, src=0, group=dims.control_group)
+    if isinstance(answer[0], Exception):
+        raise answer[0]
+    return answer[0]
 
 
 def checkpoint_name(step: int) -> str:
@@ -164,6 +242,91 @@ def save_checkpoint(directory: Path, step: int, engine, components: dict[str, St
     tmp = final.with_name(final.name + ".tmp")
     if dims.rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)  # left by a run that died while saving
+    space = _check_space(directory, final, dims)
+    with space.reporting_failures(tmp, dims.rank):
+        _write(tmp, engine, components, dims)
+    _barrier(dims)
+
+    if dims.rank == 0:
+        with space.reporting_failures(tmp, dims.rank):
+            write_manifest(tmp)
+            meta = dict(trainer_meta, world_size=dims.world_size, classifier_parallel_size=dims.classifier_parallel_size)
+            (tmp / "trainer.json").write_text(json.dumps(meta, indent=1))
+            if final.exists():  # the same step from an earlier run started with --resume none
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        for old in complete_checkpoints(directory)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    _barrier(dims)
+    return final
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written; the previous complete one is untouched."""
+
+
+def _bytes_in(path: Path) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+def _existing_parent(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+@dataclass
+class _SpacePlan:
+    """What a save expects to need: the size of the newest complete checkpoint (same model, same
+    layout), and what the filesystem had free before writing."""
+
+    directory: Path
+    previous: Path | None
+    expected_bytes: int
+    free_bytes: int
+
+    def _advice(self) -> str:
+        kept = f"The previous checkpoint {self.previous} is complete and untouched" if self.previous else \
+            "There is no earlier complete checkpoint"
+        return (f"{kept}. Free space on {self.directory}'s filesystem, lower checkpoint.keep or point checkpoint.dir "
+                "at a bigger volume, then resume with --resume auto.")
+
+    @contextmanager
+    def reporting_failures(self, tmp: Path, rank: int):
+        """Turn a failed write into one clear error.  ``torch.save`` reports a full disk as a
+        RuntimeError from its zip writer, hence both types; the original text is kept."""
+        try:
+            yield
+        except (OSError, RuntimeError) as error:
+            if rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)  # give the space back; the run stops here
+            needed = f"about {self.expected_bytes:,} bytes" if self.expected_bytes else "an unknown number of bytes"
+            raise CheckpointWriteError(
+                f"rank {rank} could not write checkpoint {tmp.with_suffix('')}: {error}. A checkpoint needs {needed}; "
+                f"{self.free_bytes:,} bytes were free before the save. " + self._advice()
+            ) from None
+
+
+def _check_space(directory: Path, final: Path, dims: ParallelDims) -> _SpacePlan:
+    """Refuse, on every rank together and before writing anything, a save that cannot fit."""
+    previous = complete_checkpoints(directory)
+    plan = _SpacePlan(directory, previous[-1] if previous else None, _bytes_in(previous[-1]) if previous else 0,
+                      shutil.disk_usage(_existing_parent(Path(directory))).free)
+    shortfall = torch.tensor([max(0, plan.expected_bytes - plan.free_bytes)], dtype=torch.int64)
+    if dims.is_distributed:
+        dist.all_reduce(shortfall, op=dist.ReduceOp.MAX, group=dims.control_group)
+    if shortfall.item():
+        raise CheckpointWriteError(
+            f"not enough space for checkpoint {final}: it needs about {plan.expected_bytes:,} bytes (the size of "
+            f"{plan.previous.name}) and a rank found only {plan.expected_bytes - int(shortfall.item()):,} free. "
+            "Nothing was written. " + plan._advice()
+        )
+    return plan
+
+
+def _write(tmp: Path, engine, components: dict[str, Stateful], dims: ParallelDims) -> None:
+    """Every rank's files of one checkpoint, into ``tmp``."""
+    if dims.rank == 0:
         for name in components:
             (tmp / "components" / name).mkdir(parents=True)
         (tmp / "rng").mkdir()
@@ -177,22 +340,7 @@ def save_checkpoint(directory: Path, step: int, engine, components: dict[str, St
             torch.save(full, tmp / "model.pt")
     for name, component in components.items():
         save_component(tmp, name, component, dims)
-    rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        rng["cuda"] = torch.cuda.get_rng_state()
-    torch.save(rng, tmp / "rng" / _rank_file(dims.rank))
-    _barrier(dims)
-
-    if dims.rank == 0:
-        meta = dict(trainer_meta, world_size=dims.world_size, classifier_parallel_size=dims.classifier_parallel_size)
-        (tmp / "trainer.json").write_text(json.dumps(meta, indent=1))
-        if final.exists():  # the same step from an earlier run started with --resume none
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        for old in complete_checkpoints(directory)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-    _barrier(dims)
-    return final
+    torch.save(_rng_states(), tmp / "rng" / _rank_file(dims.rank))
 
 
 def save_component(path: Path, name: str, component: Stateful, dims: ParallelDims) -> None:
@@ -210,7 +358,7 @@ def load_component(path: Path, name: str, component: Stateful, dims: ParallelDim
     files = sorted(folder.glob("rank-*.pt"))
     if not files:
         raise FileNotFoundError(f"{folder}: the checkpoint has no state for '{name}'")
-    saved = [torch.load(f, map_location="cpu", mmap=True, weights_only=True) for f in files]
+    saved = [load_data(f, map_location="cpu", mmap=True) for f in files]
     own_file = folder / _rank_file(dims.rank)
     own = saved[files.index(own_file)] if own_file in files else saved[0]
     component.load_state_dict(_decode(component.state_dict(), saved, own, "", device))
@@ -221,15 +369,41 @@ def load_engine(path: Path, engine, dims: ParallelDims, log=print) -> None:
     path = Path(path)
     meta = read_trainer_meta(path)
     if meta["world_size"] == dims.world_size:
+        refuse_pickled_code(path / "deepspeed")  # DeepSpeed unpickles with weights_only=False
         engine.load_checkpoint(str(path / "deepspeed"), tag="state", load_lr_scheduler_states=False)
         return
     log(f"resuming {path} written by {meta['world_size']} ranks on {dims.world_size}: objective state re-split by "
         "rows; backbone weights from model.pt, backbone optimizer momentum restarts")
-    state_dict = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
+    state_dict = load_data(path / "model.pt", map_location="cpu")
     parameters = list(engine.module.parameters())
     with deepspeed.zero.GatheredParameters(parameters, modifier_rank=0):
         if dims.rank == 0 or engine.zero_optimization_stage() < 3:
             engine.module.load_state_dict(state_dict)
+
+
+def _rng_states() -> dict:
+    """This process's RNG states as tensors and plain numbers, so loading them runs no pickled code."""
+    version, python_state, gauss = random.getstate()
+    kind, keys, position, has_gauss, cached_gaussian = np.random.get_state()
+    states = {
+        "python": {"version": version, "state": torch.tensor(python_state, dtype=torch.int64), "gauss": gauss},
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "position": int(position),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state()
+    return states
+
+
+def _set_rng_states(states: dict) -> None:
+    python, numpy_state = states["python"], states["numpy"]
+    random.setstate((python["version"], tuple(python["state"].tolist()), python["gauss"]))
+    np.random.set_state((numpy_state["kind"], numpy_state["keys"].numpy().astype(np.uint32), numpy_state["position"],
+                         numpy_state["has_gauss"], numpy_state["cached_gaussian"]))
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state(states["cuda"])
 
 
 def load_rng(path: Path, dims: ParallelDims, seed: int, step: int) -> None:
@@ -237,12 +411,7 @@ def load_rng(path: Path, dims: ParallelDims, seed: int, step: int) -> None:
     path = Path(path)
     rng_file = path / "rng" / _rank_file(dims.rank)
     if read_trainer_meta(path)["world_size"] == dims.world_size and rng_file.is_file():
-        rng = torch.load(rng_file, weights_only=False)  # python/numpy RNG states are not tensors
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        torch.set_rng_state(rng["torch"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state(rng["cuda"])
+        _set_rng_states(load_data(rng_file))
     else:
         reseed(seed, step, dims.rank)
 

@@ -60,6 +60,7 @@ class NonFiniteWatch:
         if flag.item():
             raise NonFiniteLossError(
                 f"the loss or the parameters became NaN or inf by step {step}; nothing was saved after it. Last good checkpoint: "
-                f"{last_good or 'none'}. Lower optim.base_lr, check the data with `instcls validate-shards`, or "
+                f"{last_good or 'none'}. Lower optim.base_lr, check the data with `instcls validate-shards` (an "
+                "instance id outside [0, N) also makes its sample's loss NaN), or "
                 "use an fp32 DeepSpeed config, then resume with --resume auto."
             )

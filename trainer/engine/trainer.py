@@ -25,7 +25,8 @@ from data_pipeline.loader import build_loader
 from data_pipeline.manifest import ShardManifest
 from trainer.config import JobConfig
 from trainer.engine.checkpoint import (
-    checkpoint_name, load_component, load_engine, load_rng, read_trainer_meta, reseed, resolve_resume, save_checkpoint,
+    checkpoint_name, load_component, load_engine, load_rng, read_trainer_meta, reseed, resolve_resume_on_rank0,
+    save_checkpoint,
 )
 from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, load_deepspeed_config, plain_model_from_engine
 from trainer.engine.preemption import NonFiniteWatch, StopSignal
@@ -94,7 +95,7 @@ class Trainer:
         self.components = {"objective": self.objective, "sampler": self.train_loader.sampler}
 
         self.state = TrainerState()
-        self.last_checkpoint = resolve_resume(resume, config.checkpoint.dir)
+        self.last_checkpoint = resolve_resume_on_rank0(resume, config.checkpoint.dir, dims, self._say)
         if self.last_checkpoint is not None:
             self._restore(self.last_checkpoint)
 
@@ -103,7 +104,7 @@ class Trainer:
         self.metrics.steps_per_epoch.set(self.steps_per_epoch)
         self.metrics.epochs_planned.set(config.optim.epochs)
         if config.logging.metrics_port:
-            self.metrics.serve(config.logging.metrics_port + dims.local_rank)
+            self.metrics.serve(config.logging.metrics_port + dims.local_rank, config.logging.metrics_bind)
         self.stop_signal = StopSignal(dims.control_group)
         self.nonfinite = NonFiniteWatch(dims.device)
 

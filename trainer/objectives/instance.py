@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
-from trainer.classifier.config import MODES
+from trainer.classifier.config import MODES, co2_checks
 from trainer.classifier.hard_negatives import HardNegativeIndex, search_hard_negatives
 from trainer.classifier.kernel import MAX_ABS_LOGIT
 from trainer.classifier.losses import SmoothingForm
@@ -47,6 +47,10 @@ class InstanceConfig(ObjectiveConfig):
     top_k: K hard negatives per instance (paper: 100); at most N - 1.
     smoothing_start_epoch: first epoch that uses smoothing (its search runs at that epoch's start).
     smoothing_form: "paper" (Eq. 3, weights inside the log) or "soft_target" (-sum y log p).
+    co2_alpha: weight of CO2's consistency term between the two global views' similarity
+        distributions over the other rows (``trainer.classifier.consistency``); 0 is off (the
+        paper's method), CO2's MoCo v2 setting is 0.3.
+    co2_temperature: tau_con of that term (CO2's MoCo v2 setting: 0.05).
     update_in_backward: apply W's SGD chunk by chunk inside the backward, so W's gradient never
         exists in full (W + momentum instead of W + gradient + momentum; what ``instcls plan
         --update-in-backward`` predicts).  DHP with a single classifier group only.
@@ -64,6 +68,8 @@ class InstanceConfig(ObjectiveConfig):
     top_k: int = 100
     smoothing_start_epoch: int = 0
     smoothing_form: str = "paper"
+    co2_alpha: float = 0.0
+    co2_temperature: float = 0.05
     update_in_backward: bool = False
     logits_cache_bytes: int = 0
 
@@ -83,6 +89,7 @@ class InstanceConfig(ObjectiveConfig):
             (not self.update_in_backward or self.mode == "dhp", "update_in_backward",
              "the in-backward update needs mode 'dhp' (DDP must all-reduce W's gradient before updating)"),
             (self.logits_cache_bytes >= 0, "logits_cache_bytes", "use 0 (recompute) or a byte budget"),
+            *co2_checks(self),
         ]
         raise_first_invalid(self, checks)
 
@@ -102,6 +109,7 @@ class InstanceObjective(Objective):
                 chunk_size=config.chunk_size, mode=config.mode, smoothing_alpha=config.smoothing_alpha,
                 smoothing_top_k=config.top_k, smoothing_form=config.smoothing_form, init_std=config.init_std,
                 init_seed=context.seed, logits_cache_bytes=config.logits_cache_bytes, validate_inputs=False,
+                co2_alpha=config.co2_alpha, co2_temperature=config.co2_temperature,
             ),
             dims,
         )
@@ -146,7 +154,7 @@ class InstanceObjective(Objective):
         loss = self.classifier(
             features, step.instance_ids.repeat(len(views)), hard, valid=step.valid.repeat(len(views)),
             global_valid=None if step.global_valid is None else step.global_valid * len(views),
-            validate=step.validate,
+            validate=step.validate, view_kinds=[view.kind for view in views],
         )
         return LossOut(loss)
 

@@ -27,7 +27,11 @@ import torch
 import torch.nn.functional as F
 
 from data_pipeline.sampler import StepIndices
-from trainer.classifier.kernel import MAX_ABS_LOGIT, KernelSettings, sharded_cosine_ce
+from trainer.classifier.config import co2_checks
+from trainer.classifier.consistency import settings_for_views, weighted_sum
+from trainer.classifier.kernel import (
+    MAX_ABS_LOGIT, KernelSettings, sharded_cosine_ce, sharded_cosine_ce_with_consistency,
+)
 from trainer.classifier.lazy_sgd import LazyRowSGD
 from trainer.classifier.module import gaussian_rows
 from trainer.classifier.recent_ids import RecentIds
@@ -60,6 +64,8 @@ class PicConfig(ObjectiveConfig):
     init_std: std of the Gaussian initial rows (the same rows under any sharding).
     prefetch: fetch the next step's rows in the background while the current step finishes
         (a thread; a side stream on GPUs).
+    co2_alpha: weight of CO2's consistency term over the sampled rows (see ``instance``); 0 is off.
+    co2_temperature: tau_con of that term (CO2's MoCo v2 setting: 0.05).
     """
 
     name: str = "pic"
@@ -72,6 +78,8 @@ class PicConfig(ObjectiveConfig):
     row_dtype: str = "float32"
     init_std: float = 0.01
     prefetch: bool = True
+    co2_alpha: float = 0.0
+    co2_temperature: float = 0.05
 
     def __post_init__(self) -> None:
         checks = [
@@ -86,6 +94,7 @@ class PicConfig(ObjectiveConfig):
              "a disk row store needs a directory on a local disk (e.g. /scratch/instcls-rows)"),
             (self.row_dtype in ROW_DTYPES, "row_dtype", f"choose one of {ROW_DTYPES}"),
             (self.init_std > 0, "init_std", "use a positive standard deviation (e.g. 0.01)"),
+            *co2_checks(self),
         ]
         raise_first_invalid(self, checks)
 
@@ -220,6 +229,10 @@ class PicObjective(Objective):
         first = (dims.rank // size) * size
         group_ids = np.concatenate([np.tile(step.global_batch.ids[r], views) for r in range(first, first + size)])
         group_valid = np.concatenate([np.tile(step.global_batch.valid[r], views) for r in range(first, first + size)])
+        if group_ids.size and (group_ids.min() < 0 or group_ids.max() >= self.shard.num_classes):
+            # Host ids from the sampler, the same on every rank: all ranks raise together.
+            raise ValueError(f"step {step.step}: the sampler gave instance ids outside [0, {self.shard.num_classes}); "
+                             "the shard manifest's num_instances does not match the ids stored in the shards")
         owned = (group_ids >= self.shard.class_start) & (group_ids < self.shard.class_end) & group_valid
         target_cols = np.where(owned, np.searchsorted(rows, group_ids - self.shard.class_start), -1)
         device = dims.device
@@ -234,11 +247,16 @@ class PicObjective(Objective):
         features = scale_grad(F.normalize(features, dim=1), size)
         features = all_gather_rows_with_grad(features, self.group, self.comm_timer)
         ones = torch.ones(features.shape[0], 1, device=device)
-        per_sample = sharded_cosine_ce(features, leaf, target_cols, ones, self.kernel_settings, self.group,
-                                       self.comm_timer)
         replicas = dims.world_size // size
-        global_valid = int(step.global_batch.valid.sum()) * views
-        return LossOut((per_sample * valid).sum() * (replicas / max(global_valid, 1)))
+        scale = replicas / max(int(step.global_batch.valid.sum()) * views, 1)
+        if self.config.co2_alpha == 0:
+            per_sample = sharded_cosine_ce(features, leaf, target_cols, ones, self.kernel_settings, self.group,
+                                           self.comm_timer)
+            return LossOut((per_sample * valid).sum() * scale)
+        consistency = settings_for_views(self.config.co2_temperature, [view.kind for view in step.views])
+        per_sample, term = sharded_cosine_ce_with_consistency(features, leaf, target_cols, ones, self.kernel_settings,
+                                                              consistency, self.group, self.comm_timer)
+        return LossOut(weighted_sum(per_sample, term, valid, self.config.co2_alpha, consistency) * scale)
 
     def after_backward(self) -> None:
         leaf = self.optimizer.pending_leaf

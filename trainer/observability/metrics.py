@@ -65,5 +65,5 @@ class TrainingMetrics:
         for kind, value in readings.items():
             self.memory.labels(self.rank, kind).set(value)
 
-    def serve(self, port: int) -> None:
-        start_http_server(port, addr="0.0.0.0", registry=self.registry)
+    def serve(self, port: int, address: str = "0.0.0.0") -> None:
+        start_http_server(port, addr=address, registry=self.registry)

@@ -28,9 +28,11 @@ class CommTimer:
     def __init__(self) -> None:
         self._seconds = 0.0
         self._pending: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self.calls = 0  # collectives measured so far (benchmarks compare counts per step)
 
     @contextmanager
     def measure(self, device: torch.device):
+        self.calls += 1
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
