@@ -20,6 +20,8 @@ class Batch:
         the denominator of a loss averaged over real samples.
     step: the step of the epoch this batch is.
     labels: int64 ``[b]`` semantic labels, -1 when unknown; only from evaluation loaders.
+    skipped: unreadable samples this step skipped (``data.loader.on_bad_sample: skip``), each named
+        by shard, key and reason; they are in ``instance_ids`` but not ``valid``.
     """
 
     views: list[torch.Tensor]
@@ -29,3 +31,4 @@ class Batch:
     global_valid: int
     step: int
     labels: torch.Tensor | None = None
+    skipped: tuple[str, ...] = ()

@@ -10,6 +10,7 @@ from data_pipeline.augment import AugmentConfig
 LOADER_BACKENDS = ("dali", "torch")
 LAST_BATCH_POLICIES = ("pad", "drop")
 SAMPLER_KINDS = ("epoch_permutation", "sliding_window")
+BAD_SAMPLE_POLICIES = ("stop", "skip")
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,10 @@ class LoaderConfig:
     seed: base seed of the sample order and of every augmentation parameter.
     augment: the augmentation recipe.
     sampler: which ids the training steps read (see ``SamplerConfig``).
+    on_bad_sample: a sample whose bytes cannot be read or are not an image (a shard damaged after
+        validation): "stop" the job with its shard and key (default), or "skip" it: it weighs
+        zero in its step (marked not valid, so no objective state is written for it), a warning
+        names it and ``instcls_bad_samples_skipped_total`` counts it.
     """
 
     batch_size: int = 256
@@ -58,6 +63,7 @@ class LoaderConfig:
     seed: int = 0
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    on_bad_sample: str = "stop"
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, fix: str) -> None:
@@ -68,3 +74,4 @@ class LoaderConfig:
         need(self.backend in LOADER_BACKENDS, "backend", f"choose one of {LOADER_BACKENDS}")
         need(self.num_threads >= 1, "num_threads", "use at least 1")
         need(self.last_batch in LAST_BATCH_POLICIES, "last_batch", f"choose one of {LAST_BATCH_POLICIES}")
+        need(self.on_bad_sample in BAD_SAMPLE_POLICIES, "on_bad_sample", f"choose one of {BAD_SAMPLE_POLICIES}")

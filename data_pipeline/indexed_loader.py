@@ -50,7 +50,8 @@ class IndexedLoader:
             )
         self.steps_per_epoch = self.sampler.steps_per_epoch
         augment = config.augment if train else None
-        self.reader = StepReader(table, self.sampler, rank, config.seed, augment, read_threads)
+        self.reader = StepReader(table, self.sampler, rank, config.seed, augment, read_threads,
+                                 skip_bad_samples=config.on_bad_sample == "skip")
         if train:
             self.view_kinds = [GLOBAL_VIEW] * config.augment.num_views + [SMALL_VIEW] * config.augment.small_crops
         else:
@@ -80,4 +81,5 @@ class IndexedLoader:
             global_valid=samples.global_valid,
             step=samples.step,
             labels=None if samples.labels is None else torch.from_numpy(samples.labels).to(device),
+            skipped=samples.skipped,
         )

@@ -8,15 +8,27 @@ from __future__ import annotations
 import io
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cache
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from data_pipeline.augment import AugmentConfig
-from data_pipeline.sample_table import RECREATE, SampleTable
+from data_pipeline.sample_table import RECREATE, SampleTable, ShardReadError
 from data_pipeline.sampler import Sampler
 from data_pipeline.view_params import ViewParams, augmentation_rng, draw_views, image_size
+
+
+BLANK_SIDE = 32
+
+
+@cache
+def _blank_jpeg() -> np.ndarray:
+    """What a skipped sample's image is replaced by: mid-grey, so its views stay finite."""
+    encoded = io.BytesIO()
+    Image.new("RGB", (BLANK_SIDE, BLANK_SIDE), (128, 128, 128)).save(encoded, format="JPEG")
+    return np.frombuffer(encoded.getvalue(), dtype=np.uint8)
 
 
 @dataclass(frozen=True)
@@ -29,6 +41,7 @@ class StepSamples:
     valid: np.ndarray
     global_valid: int
     labels: np.ndarray | None
+    skipped: tuple[str, ...] = ()  # unreadable samples replaced by a blank image and marked not valid
 
 
 @dataclass(frozen=True)
@@ -48,9 +61,9 @@ class StepReader:
     """
 
     def __init__(self, table: SampleTable, sampler: Sampler, rank: int, seed: int, augment: AugmentConfig | None,
-                 read_threads: int = 1) -> None:
+                 read_threads: int = 1, skip_bad_samples: bool = False) -> None:
         self.table, self.sampler, self.rank, self.seed, self.augment = table, sampler, rank, seed, augment
-        self.read_threads = read_threads
+        self.read_threads, self.skip_bad_samples = read_threads, skip_bad_samples
         self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (owning pid: threads do not survive a fork)
 
     def _map(self, function, items) -> list:
@@ -67,8 +80,16 @@ class StepReader:
         if out_of_range.size:
             raise ValueError(f"{type(self.sampler).__name__} named ids {out_of_range[:5].tolist()} at epoch {epoch} "
                              f"step {step}, outside the shard set's [0, {self.table.num_samples})")
-        labels = None if self.augment is not None else np.array(self._map(self.table.read_label, ids), dtype=np.int64)
+        labels = None if self.augment is not None else np.array(self._map(self._label, ids), dtype=np.int64)
         return StepSamples(step, ids.astype(np.int64), valid.astype(bool), indices.global_valid, labels)
+
+    def _label(self, sample_id: int) -> int:
+        try:
+            return self.table.read_label(sample_id)
+        except ShardReadError:
+            if not self.skip_bad_samples:
+                raise
+            return -1  # its image read fails too and marks the sample not valid
 
     def _sized_jpeg(self, sample_id: int) -> tuple[np.ndarray, tuple[int, int]]:
         data = self.table.read_jpeg(sample_id)
@@ -81,9 +102,21 @@ class StepReader:
                              f"{RECREATE}") from error
         return np.frombuffer(data, dtype=np.uint8), size
 
+    def _sized_jpeg_or_blank(self, sample_id: int) -> tuple[np.ndarray, tuple[int, int], str | None]:
+        """``_sized_jpeg``, or with ``skip_bad_samples`` a blank image and why the sample was skipped."""
+        try:
+            return (*self._sized_jpeg(sample_id), None)
+        except (ShardReadError, ValueError) as error:
+            if not self.skip_bad_samples:
+                raise
+            return _blank_jpeg(), (BLANK_SIDE, BLANK_SIDE), str(error).split("; ")[0]
+
     def read(self, epoch: int, step: int) -> StepInputs:
         samples = self._samples(epoch, step)
-        jpegs, sizes = zip(*self._map(self._sized_jpeg, samples.ids.tolist()))
+        jpegs, sizes, problems = zip(*self._map(self._sized_jpeg_or_blank, samples.ids.tolist()))
+        if any(problems):
+            valid = samples.valid & np.array([problem is None for problem in problems])
+            samples = replace(samples, valid=valid, skipped=tuple(p for p in problems if p))
         views = []
         if self.augment is not None:
             heights, widths = np.array(sizes, dtype=np.int64).T

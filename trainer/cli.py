@@ -5,9 +5,11 @@
     instcls eval knn|linear --config FILE --checkpoint DIR
     instcls make-shards --source digits|digit-scenes|synthetic|folder --out DIR [...]
     instcls validate-shards DIR
+    instcls drill [--only NAME,...]   (fault drills on CPU ranks; prints what survived)
     instcls bench classifier [--num-classes N --batch B --dim D --ranks T --chunk-size C --co2 ...]
     instcls bench data [--shards DIR --batch B --threads T --views V ...]
     instcls bench ddp-vs-dhp --ranks T --cap-gib C [--out DIR ...]
+    instcls bench exporter [--scrapers 50 --seconds 10 --rounds 3]
     instcls bench pic [--sizes 1281167,14197087,max --store disk --store-dir DIR --cap-gib 16 ...]
     instcls plan --num-classes N --ranks T --batch B [--backbone resnet50 --gpu-memory-gib 32 ...]
 """
@@ -246,6 +248,35 @@ def _add_bench_ddp_vs_dhp(subparsers) -> None:
     parser.set_defaults(handler=_run_bench_ddp_vs_dhp)
 
 
+def _add_bench_exporter(subparsers) -> None:
+    from trainer.bench.exporter_bench import ExporterBenchSettings
+
+    d = ExporterBenchSettings()
+    parser = subparsers.add_parser(
+        "exporter", help="step throughput with and without many concurrent /metrics scrapes (loopback)")
+    parser.add_argument("--scrapers", type=int, default=d.scrapers, help="concurrent scrapers (default %(default)s)")
+    parser.add_argument("--seconds", type=float, default=d.seconds, help="length of each window (default %(default)s)")
+    parser.add_argument("--rounds", type=int, default=d.rounds, help="quiet/loaded window pairs (default %(default)s)")
+    parser.add_argument("--batch", type=int, default=d.batch)
+    parser.add_argument("--image-size", type=int, default=d.image_size)
+    parser.add_argument("--arch", default=d.arch, choices=["resnet18", "resnet50"])
+    parser.add_argument("--json", type=Path, help="also write the numbers to this JSON file")
+    parser.set_defaults(handler=_run_bench_exporter)
+
+
+def _run_bench_exporter(args: argparse.Namespace) -> int:
+    from trainer.bench.exporter_bench import ExporterBenchSettings, format_report, run
+
+    if args.scrapers < 1 or args.rounds < 1 or args.seconds <= 0:
+        raise ValueError("bench exporter: --scrapers and --rounds must be >= 1 and --seconds > 0")
+    summary = run(ExporterBenchSettings(scrapers=args.scrapers, seconds=args.seconds, rounds=args.rounds,
+                                        batch=args.batch, image_size=args.image_size, arch=args.arch))
+    print(format_report(summary))
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2))
+    return 0
+
+
 def _run_bench_ddp_vs_dhp(args: argparse.Namespace) -> int:
     from trainer.bench.ddp_vs_dhp import SweepSettings, run
 
@@ -306,6 +337,37 @@ def _add_config_arguments(parser) -> None:
     parser.add_argument("--config", type=Path, required=True, help="job config YAML (see configs/)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                         help="override a config value (repeatable), e.g. --set optim.epochs=3")
+
+
+def _add_drill(commands) -> None:
+    from trainer.drills.catalogue import DRILLS
+
+    parser = commands.add_parser(
+        "drill", help="break real 2-rank CPU jobs the way a cluster does and print what survived",
+        description="Runs each fault drill (SIGKILL mid-step and mid-save, a damaged checkpoint, a full disk, "
+        "SIGTERM, NaN, taken ports, pickled code, a damaged shard) on the embedded digits and prints a table: "
+        "fault, what happened, data lost, time to recover.  Exits 1 if any drill failed.")
+    parser.add_argument("--only", type=lambda text: text.split(","), default=list(DRILLS),
+                        help=f"comma-separated drills (default: all of {', '.join(DRILLS)})")
+    parser.add_argument("--work-dir", type=Path, default=Path("out/drills"), help="where the drills' jobs run")
+    parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    parser.set_defaults(handler=_run_drill)
+
+
+def _run_drill(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from trainer.drills import format_table, run_drills
+    from trainer.drills.catalogue import DRILLS
+
+    unknown = [name for name in args.only if name not in DRILLS]
+    if unknown:
+        raise ValueError(f"drill --only: unknown drills {unknown}; choose from {', '.join(DRILLS)}")
+    results = run_drills(args.only, args.work_dir, progress=lambda line: print(line, flush=True))
+    print(format_table(results))
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
+    return 0 if all(r.passed for r in results) else 1
 
 
 def _add_train(commands) -> None:
@@ -401,12 +463,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan(commands)
     _add_make_shards(commands)
     _add_validate_shards(commands)
+    _add_drill(commands)
     bench = commands.add_parser("bench", help="benchmarks that print side-by-side ratios")
     benchmarks = bench.add_subparsers(dest="benchmark", required=True)
     _add_bench_classifier(benchmarks)
     _add_bench_data(benchmarks)
     _add_bench_ddp_vs_dhp(benchmarks)
     _add_bench_pic(benchmarks)
+    _add_bench_exporter(benchmarks)
     return parser
 
 
@@ -419,9 +483,19 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (ValueError, FileNotFoundError, FileExistsError) as error:
+    except Exception as error:
+        if not isinstance(error, _errors_users_fix()):
+            raise
         print(f"instcls: error: {error}", file=sys.stderr)
         return 2
+
+
+def _errors_users_fix() -> tuple[type[Exception], ...]:
+    """Errors whose message says what to fix: printed as one line, not a traceback."""
+    from data_pipeline.sample_table import ShardReadError
+    from trainer.engine.safe_load import UnsafeCheckpointError
+
+    return ValueError, FileNotFoundError, FileExistsError, ShardReadError, UnsafeCheckpointError
 
 
 if __name__ == "__main__":

@@ -6,39 +6,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+from trainer.drills.jobs import REPO, train_command
 
-
-def train_command(run_dir: Path, shards: dict[str, Path], nproc: int, overrides: list[str], resume: str = "none",
-                  launcher: list[str] | None = None, config: str = "demo_cpu.yaml"):
-    settings = [
-        f"data.train_shards={shards['train']}",
-        f"data.eval_shards={shards['val']}",
-        f"checkpoint.dir={run_dir / 'checkpoints'}",
-        f"logging.dir={run_dir / 'logs'}",
-        "logging.progress=false",
-        "eval.knn_at_end=false",
-        "checkpoint.every_epochs=0",
-        *overrides,
-    ]
-    launcher = launcher or [sys.executable, "-m", "torch.distributed.run"]
-    command = [*launcher, "--nproc-per-node", str(nproc),
-               "--master-port", str(_free_port()), "-m", "trainer.cli", "train",
-               "--config", str(REPO / "configs" / config), "--resume", resume]
-    for setting in settings:
-        command += ["--set", setting]
-    return command
-
-
-def _free_port() -> int:
-    from trainer.parallel.launch import free_port
-
-    return free_port()
+__all__ = ["REPO", "train_command", "FAST", "run_train", "latest_checkpoint", "classifier_rows", "step_losses"]
 
 
 FAST = ["data.loader.batch_size=64", "optim.epochs=4", "optim.warmup_epochs=1"]

@@ -213,3 +213,26 @@ def test_a_bad_sample_is_named_by_shard_and_key(color_shards, tmp_path, backend,
     with pytest.raises((ValueError, RuntimeError, OSError), match=where):
         for _ in build_loader(shard_dir, config, 0, 1, CPU, train=True).epoch_batches(0):
             pass
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("how", ["no image header", "truncated tar"])
+def test_with_on_bad_sample_skip_a_bad_sample_is_not_valid_and_named_and_the_rest_is_unchanged(
+        color_shards, tmp_path, backend, how):
+    shard_dir = tmp_path / "shards"
+    shutil.copytree(color_shards, shard_dir)
+    where = _break_sample(shard_dir, how)
+    bad_id = int(where.split(" key ")[1])
+    config = LoaderConfig(batch_size=8, backend=backend, num_threads=1, augment=AugmentConfig(image_size=16),
+                          on_bad_sample="skip")
+    intact = build_loader(color_shards, replace(config, on_bad_sample="stop"), 0, 1, CPU, train=True)
+    damaged = build_loader(shard_dir, config, 0, 1, CPU, train=True)
+    skipped = []
+    for good, batch in zip(intact.epoch_batches(0), damaged.epoch_batches(0), strict=True):
+        assert torch.equal(batch.instance_ids, good.instance_ids)
+        is_bad = batch.instance_ids == bad_id
+        assert torch.equal(batch.valid, good.valid & ~is_bad)
+        for view, good_view in zip(batch.views, good.views):
+            assert torch.equal(view[~is_bad], good_view[~is_bad]) and view.isfinite().all()
+        skipped += batch.skipped
+    assert len(skipped) == 1 and skipped[0].startswith(where), skipped

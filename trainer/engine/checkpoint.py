@@ -42,6 +42,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from trainer.engine.failpoints import fail_point
 from trainer.engine.safe_load import load_data, refuse_pickled_code
 from trainer.objectives.base import ShardedRows
 from trainer.parallel import ParallelDims
@@ -241,10 +242,11 @@ def save_checkpoint(directory: Path, step: int, engine, components: dict[str, St
     final = directory / checkpoint_name(step)
     tmp = final.with_name(final.name + ".tmp")
     if dims.rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)  # left by a run that died while saving
+        for partial in directory.glob("step_*.tmp"):  # left by a run that died while saving
+            shutil.rmtree(partial, ignore_errors=True)
     space = _check_space(directory, final, dims)
     with space.reporting_failures(tmp, dims.rank):
-        _write(tmp, engine, components, dims)
+        _write(tmp, engine, components, dims, step)
     _barrier(dims)
 
     if dims.rank == 0:
@@ -252,9 +254,11 @@ def save_checkpoint(directory: Path, step: int, engine, components: dict[str, St
             write_manifest(tmp)
             meta = dict(trainer_meta, world_size=dims.world_size, classifier_parallel_size=dims.classifier_parallel_size)
             (tmp / "trainer.json").write_text(json.dumps(meta, indent=1))
+            fail_point("checkpoint.before_rename", step)
             if final.exists():  # the same step from an earlier run started with --resume none
                 shutil.rmtree(final)
             os.replace(tmp, final)
+        fail_point("checkpoint.after_rename", step)
         for old in complete_checkpoints(directory)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     _barrier(dims)
@@ -324,7 +328,7 @@ def _check_space(directory: Path, final: Path, dims: ParallelDims) -> _SpacePlan
     return plan
 
 
-def _write(tmp: Path, engine, components: dict[str, Stateful], dims: ParallelDims) -> None:
+def _write(tmp: Path, engine, components: dict[str, Stateful], dims: ParallelDims, step: int) -> None:
     """Every rank's files of one checkpoint, into ``tmp``."""
     if dims.rank == 0:
         for name in components:
@@ -332,7 +336,9 @@ def _write(tmp: Path, engine, components: dict[str, Stateful], dims: ParallelDim
         (tmp / "rng").mkdir()
     _barrier(dims)
 
+    fail_point("checkpoint.before_engine", step)
     engine.save_checkpoint(str(tmp / "deepspeed"), tag="state", save_latest=False)
+    fail_point("checkpoint.after_engine", step)
     parameters = list(engine.module.parameters())
     with deepspeed.zero.GatheredParameters(parameters, modifier_rank=None):  # no-op below ZeRO-3
         if dims.rank == 0:
@@ -340,6 +346,7 @@ def _write(tmp: Path, engine, components: dict[str, Stateful], dims: ParallelDim
             torch.save(full, tmp / "model.pt")
     for name, component in components.items():
         save_component(tmp, name, component, dims)
+    fail_point("checkpoint.after_components", step)
     torch.save(_rng_states(), tmp / "rng" / _rank_file(dims.rank))
 
 

@@ -14,6 +14,7 @@ for the one tiny CPU all-reduce per step that agrees on SIGTERM.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from trainer.engine.checkpoint import (
     save_checkpoint,
 )
 from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, load_deepspeed_config, plain_model_from_engine
+from trainer.engine.failpoints import fail_point
 from trainer.engine.preemption import NonFiniteWatch, StopSignal
 from trainer.engine.schedule import LRSchedule, scaled_lr, set_lr
 from trainer.evaluation.features import bank_and_queries
@@ -62,6 +64,9 @@ class Trainer:
     def __init__(self, config: JobConfig, dims: ParallelDims, resume: str | None = None) -> None:
         self.config, self.dims = config, dims
         self.log = JsonlLog(config.logging.dir, dims.rank)
+        self.metrics = TrainingMetrics(dims.rank)
+        if config.logging.metrics_port:  # first, so a taken port stops the job before minutes of set-up
+            self.metrics.serve(config.logging.metrics_port + dims.local_rank, config.logging.metrics_bind)
         manifest = ShardManifest.load(config.data.train_shards)
         self.num_instances = manifest.num_instances
         loader_config = config.data.loader
@@ -99,12 +104,9 @@ class Trainer:
         if self.last_checkpoint is not None:
             self._restore(self.last_checkpoint)
 
-        self.metrics = TrainingMetrics(dims.rank)
         self.metrics.shard_bytes.set(sum(p.numel() * p.element_size() for p in objective_parameters(self.objective)))
         self.metrics.steps_per_epoch.set(self.steps_per_epoch)
         self.metrics.epochs_planned.set(config.optim.epochs)
-        if config.logging.metrics_port:
-            self.metrics.serve(config.logging.metrics_port + dims.local_rank, config.logging.metrics_bind)
         self.stop_signal = StopSignal(dims.control_group)
         self.nonfinite = NonFiniteWatch(dims.device)
 
@@ -114,6 +116,13 @@ class Trainer:
         self.log.write(event="message", message=message)
         if self.dims.rank == 0:
             tqdm.write(f"[instcls] {message}")
+
+    def _skipped(self, problems: tuple[str, ...]) -> None:
+        """Unreadable samples the loader skipped (``on_bad_sample: skip``): counted and named by every rank."""
+        self.metrics.bad_samples.inc(len(problems))
+        for problem in problems:
+            self.log.write(event="bad_sample_skipped", step=self.state.global_step + 1, problem=problem)
+            tqdm.write(f"[instcls] rank {self.dims.rank}: skipped an unreadable sample: {problem}", file=sys.stderr)
 
     def _restore(self, path: Path) -> None:
         meta = read_trainer_meta(path)
@@ -132,12 +141,14 @@ class Trainer:
         local_parameters = [getattr(p, "ds_tensor", p) for p in self.engine.module.parameters()]
         self.nonfinite.observe_parameters([*objective_parameters(self.objective), *local_parameters])
         self.nonfinite.check(self.dims.control_group, self.state.global_step, str(self.last_checkpoint or ""))
+        started = time.perf_counter()
         self.last_checkpoint = save_checkpoint(
             self.config.checkpoint.dir, self.state.global_step, self.engine, self.components,
             dict(vars(self.state), num_instances=self.num_instances), self.dims,
             self.config.checkpoint.keep,
         )
-        self._say(f"saved {self.last_checkpoint}")
+        # what a SIGTERM grace period must cover, besides finishing the step under way
+        self._say(f"saved {self.last_checkpoint} in {time.perf_counter() - started:.1f} s")
         return self.last_checkpoint
 
     def _encode(self, images: torch.Tensor) -> torch.Tensor:
@@ -197,6 +208,8 @@ class Trainer:
                 bar.close()
                 return "max_steps"
             data_wait = time.perf_counter() - wait_start
+            if batch.skipped:
+                self._skipped(batch.skipped)
             step_start = time.perf_counter()
             log_step = (state.global_step + 1) % config.logging.log_every == 0 or state.global_step == 0
             loss = self._step(batch, validate=log_step)
@@ -262,6 +275,7 @@ class Trainer:
                          next_global_batch=self._next_global_batch(epoch, batch.step))
         loss = self.objective.loss(step).loss
         self.engine.backward(loss)
+        fail_point("train.after_backward", self.state.global_step + 1)  # the fault drills' node loss mid-step
         self.engine.step()
         self.objective.after_backward()
         for optimizer in optimizers:

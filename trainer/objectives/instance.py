@@ -16,10 +16,12 @@ same shard when several classifier groups exist.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
@@ -208,11 +210,14 @@ def contrastive_prior(encode, batches, classifier: ShardedCosineClassifier, dims
     One pass, no gradients, BatchNorm in train mode (its running statistics update, as in the
     paper).  The owner of a row can be any rank, so features and ids are gathered over all ranks
     and each rank keeps the rows it owns.  Padding repeats are forwarded (every rank must run the
-    network each step under ZeRO-3, and BatchNorm needs a batch) but never written.
+    network each step under ZeRO-3, and BatchNorm needs a batch) but never written; so are samples
+    the loader skipped as unreadable (``on_bad_sample: skip``), whose rows keep their random init.
     Returns the rows written here."""
     weight = classifier.weight
     written = torch.zeros(classifier.num_classes_local, dtype=torch.bool, device=weight.device)
+    skipped = torch.zeros(1, dtype=torch.int64)
     for batch in batches:
+        skipped += len(batch.skipped)
         features = F.normalize(encode(batch.views[0]).float(), dim=1)
         features = gather_rows(features, dims.data_parallel_group)
         ids = gather_rows(batch.instance_ids, dims.data_parallel_group)
@@ -222,7 +227,12 @@ def contrastive_prior(encode, batches, classifier: ShardedCosineClassifier, dims
         weight.data[rows] = features[owned]
         written[rows] = True
     missing = int((~written).sum())
-    if missing:
+    if dims.is_distributed:
+        dist.all_reduce(skipped, group=dims.control_group)
+    if missing > int(skipped):
         raise RuntimeError(f"contrastive prior saw no sample for {missing} of this rank's classes; the inference "
                            "loader must cover every instance (last_batch='pad')")
+    if missing:
+        print(f"[instcls] rank {dims.rank}: contrastive prior: {missing} rows of unreadable (skipped) samples keep "
+              "their random initialisation", file=sys.stderr, flush=True)
     return int(written.sum())

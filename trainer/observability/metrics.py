@@ -1,4 +1,5 @@
-"""Prometheus metrics of one training rank (prometheus-client, served on port base + local_rank).
+"""Prometheus metrics of one training rank (prometheus-client, served on port base + local_rank
+by ``trainer.observability.exporter``, whose cost to training is bounded under scrape storms).
 
 Base units (seconds, bytes), ``_total`` counters, a step-duration histogram.  Every series carries
 a ``rank`` label so a dashboard can tell the ranks of a pod apart even before relabelling.
@@ -7,7 +8,11 @@ The registry is per process, never the library's global default.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+import errno
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from trainer.observability.exporter import serve_bounded
 
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -48,6 +53,8 @@ class TrainingMetrics:
             "instcls_step_duration_seconds", "Wall time of one training step.", labels, buckets=STEP_BUCKETS, registry=r
         ).labels(self.rank)
         self.data_wait = counter("instcls_data_wait_seconds_total", "Time the step waited for the data loader.")
+        self.bad_samples = counter("instcls_bad_samples_skipped_total",
+                                   "Unreadable samples skipped (data.loader.on_bad_sample: skip).")
         self.loss = gauge("instcls_loss", "Training loss at the last log step.")
         self.lr = gauge("instcls_learning_rate", "Current learning rate.")
         self.memory = gauge("instcls_memory_bytes", "Memory of this rank (CUDA allocated/reserved, or CPU RSS).", ["kind"])
@@ -66,4 +73,19 @@ class TrainingMetrics:
             self.memory.labels(self.rank, kind).set(value)
 
     def serve(self, port: int, address: str = "0.0.0.0") -> None:
-        start_http_server(port, addr=address, registry=self.registry)
+        """Serve ``/metrics``, or stop with an error naming the port when it is taken.  The port is never
+        moved silently: Prometheus scrapes the one in the pod spec, and a moved endpoint is a blank dashboard."""
+        try:
+            serve_bounded(self.registry, port, address)
+        except OSError as error:
+            if error.errno != errno.EADDRINUSE:
+                raise
+            raise MetricsPortInUse(
+                f"logging.metrics_port: rank {self.rank} cannot serve metrics on {address}:{port}, the port is in use "
+                "(another job on this node, or an earlier run still exiting; local rank r serves metrics_port + r). "
+                "Set logging.metrics_port to a free base port, or 0 to turn the endpoint off"
+            ) from None
+
+
+class MetricsPortInUse(ValueError):
+    """The metrics port is taken (a ValueError, so the CLI prints it as a one-line error)."""

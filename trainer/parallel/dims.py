@@ -97,6 +97,20 @@ def _check_classifier_size(classifier_parallel_size: int, world_size: int) -> No
         )
 
 
+def _store_of_this_attempt(world_size: int, timeout: datetime.timedelta) -> dist.Store | None:
+    """The agent's store, its keys prefixed by the elastic restart count (None: the default env:// init).
+
+    torchrun's static rendezvous keeps one store across ``--max-restarts`` restarts, and env://
+    init adds no per-attempt prefix, so a restarted job would read the killed attempt's gloo/NCCL
+    addresses and fail to connect ("Connection refused").  A fresh prefix per attempt avoids it.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
+                          timeout=timeout)
+    return dist.PrefixStore(f"instcls/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
 def init_distributed(
     classifier_parallel_size: int | None = None,
     backend: str | None = None,
@@ -130,12 +144,14 @@ def init_distributed(
         torch.cuda.set_device(device)
     backend = backend or default_backend(device)
     if not dist.is_initialized():
+        timeout = datetime.timedelta(seconds=timeout_s)
         dist.init_process_group(
             backend=backend,
             rank=rank,
             world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
+            timeout=timeout,
             device_id=device if device.type == "cuda" else None,
+            store=_store_of_this_attempt(world_size, timeout),
         )
 
     classifier_group, replica_group = _build_classifier_groups(world_size, rank, classifier_parallel_size)

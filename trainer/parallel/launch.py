@@ -5,6 +5,8 @@ every worker saved a checkpoint and exited 0, and Kubernetes records the main pr
 ``instcls launch ARGS...`` runs ``python -m torch.distributed.run ARGS...`` as a child, forwards
 SIGTERM/SIGINT to it, and exits 0 if the workers reported a completed preemption save (they write
 a marker into ``INSTCLS_STOP_MARKER_DIR`` after the collective save finishes), else torchrun's code.
+torchrun's stderr passes through unchanged; when the job fails because its port was taken or the
+rendezvous never completed, one last line says what to change (torchrun's own text is a traceback).
 
 ``spawn_local_workers``: T local processes that look exactly like a torchrun job to the code they
 run; used by the benchmarks (``instcls bench`` spawns its own ranks) and the multi-rank tests.
@@ -21,6 +23,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -39,10 +42,43 @@ def mark_clean_stop(rank: int) -> None:
         (Path(directory) / f"rank-{rank:05d}").touch()
 
 
+# (what torchrun's stderr says, what to change): the failures a user fixes in the command, not the code
+_LAUNCH_ADVICE = (
+    (("EADDRINUSE", "address already in use"),
+     "the rendezvous port is taken on this machine (another job, or an earlier run still exiting): pass another "
+     "--master-port (or the port of --rdzv-endpoint), or --standalone for a single node to pick a free one"),
+    (("RendezvousTimeoutError",),
+     "not every node joined the rendezvous in time: check that --nnodes matches the pods started, that each pod "
+     "reaches --rdzv-endpoint (the headless service's DNS name and port), or raise --rdzv-conf join_timeout=SECONDS"),
+    (("RendezvousConnectionError",),
+     "the rendezvous endpoint could not be reached: check --rdzv-endpoint / --master-addr and that its port is open"),
+)
+
+
+def launch_advice(stderr_tail: str) -> str | None:
+    """One line of advice for a failed launch, from the end of torchrun's stderr."""
+    for needles, advice in _LAUNCH_ADVICE:
+        if any(needle in stderr_tail for needle in needles):
+            return advice
+    return None
+
+
+def _pass_through(stream, tail: bytearray, keep: int = 1 << 16) -> None:
+    """Copy the child's stderr to ours as it comes (progress bars stay live), keeping its end."""
+    while chunk := os.read(stream.fileno(), 1 << 14):
+        sys.stderr.buffer.write(chunk)
+        sys.stderr.buffer.flush()
+        tail.extend(chunk)
+        del tail[:-keep]
+
+
 def launch(torchrun_args: list[str]) -> int:
     marker_dir = Path(tempfile.mkdtemp(prefix="instcls-stop-"))
     child = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *torchrun_args],
-                             env=dict(os.environ, **{MARKER_ENV: str(marker_dir)}))
+                             env=dict(os.environ, **{MARKER_ENV: str(marker_dir)}), stderr=subprocess.PIPE)
+    tail = bytearray()
+    reader = threading.Thread(target=_pass_through, args=(child.stderr, tail), daemon=True)
+    reader.start()
     received: list[int] = []
 
     def forward(signum, frame) -> None:
@@ -52,11 +88,15 @@ def launch(torchrun_args: list[str]) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, forward)
     returncode = child.wait()
+    reader.join()
     saved = any(marker_dir.iterdir())
     shutil.rmtree(marker_dir, ignore_errors=True)
     if received and saved:
         print("instcls launch: preempted; the workers saved a complete checkpoint, exiting 0", flush=True)
         return 0
+    advice = launch_advice(tail.decode(errors="replace")) if returncode else None
+    if advice:
+        print(f"instcls launch: failed ({returncode}): {advice}", file=sys.stderr, flush=True)
     return returncode
 
 

@@ -1,0 +1,105 @@
+"""Real training jobs for the drills (and the tests): `instcls train` under torchrun on CPU ranks,
+in a run directory of its own, and what its checkpoints and JSON log hold afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from trainer.parallel.launch import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+LAUNCH = [sys.executable, "-m", "trainer.cli", "launch"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def train_command(run_dir: Path, shards: dict[str, Path], nproc: int, overrides: list[str], resume: str = "none",
+                  launcher: list[str] | None = None, config: str = "demo_cpu.yaml") -> list[str]:
+    """`instcls train` on ``shards`` ({"train": dir, "val": dir}) with checkpoints and logs under
+    ``run_dir``, no progress bars, no end-of-run kNN, checkpoints only where ``overrides`` ask."""
+    settings = [
+        f"data.train_shards={shards['train']}",
+        f"data.eval_shards={shards['val']}",
+        f"checkpoint.dir={run_dir / 'checkpoints'}",
+        f"logging.dir={run_dir / 'logs'}",
+        "logging.progress=false",
+        "eval.knn_at_end=false",
+        "checkpoint.every_epochs=0",
+        *overrides,
+    ]
+    command = [*(launcher or TORCHRUN), "--nproc-per-node", str(nproc), "--master-port", str(free_port()),
+               "-m", "trainer.cli", "train", "--config", str(REPO / "configs" / config), "--resume", resume]
+    for setting in settings:
+        command += ["--set", setting]
+    return command
+
+
+def job_env(**extra: str) -> dict[str, str]:
+    return dict(os.environ, OMP_NUM_THREADS="1", **extra)
+
+
+@dataclass
+class Job:
+    """One run directory of 2-rank jobs on a shard split."""
+
+    run_dir: Path
+    shards: dict[str, Path]
+    nproc: int = 2
+
+    def command(self, overrides: list[str], resume: str = "auto", launcher: list[str] | None = None) -> list[str]:
+        return train_command(self.run_dir, self.shards, self.nproc, overrides, resume, launcher)
+
+    def run(self, overrides: list[str], resume: str = "auto", launcher: list[str] | None = None,
+            env: dict[str, str] | None = None, timeout: int = 600, **popen) -> subprocess.CompletedProcess:
+        return subprocess.run(self.command(overrides, resume, launcher), cwd=REPO, capture_output=True, text=True,
+                              timeout=timeout, env=env or job_env(), **popen)
+
+    def copy_to(self, run_dir: Path) -> "Job":
+        shutil.copytree(self.run_dir, run_dir, dirs_exist_ok=True)
+        return Job(run_dir, self.shards, self.nproc)
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    def log_records(self, rank: int = 0) -> list[dict]:
+        path = self.run_dir / "logs" / f"rank-{rank:05d}.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def checkpoint_tensors(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint that training state lives in (``model.pt`` and each
+    component's rank files), flattened to ``file:key.path`` names."""
+    found: dict[str, torch.Tensor] = {}
+
+    def walk(prefix: str, value) -> None:
+        if isinstance(value, torch.Tensor):
+            found[prefix] = value
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                walk(f"{prefix}.{key}", item)
+
+    files = [checkpoint / "model.pt", *sorted((checkpoint / "components").rglob("rank-*.pt"))]
+    for file in files:
+        walk(str(file.relative_to(checkpoint)), torch.load(file, map_location="cpu", weights_only=True))
+    return found
+
+
+def state_difference(checkpoint: Path, reference: Path) -> str | None:
+    """None when both checkpoints hold bit-identical training state, else the first difference."""
+    if checkpoint.name != reference.name:
+        return f"ended at {checkpoint.name}, the uninterrupted run at {reference.name}"
+    mine, theirs = checkpoint_tensors(checkpoint), checkpoint_tensors(reference)
+    if mine.keys() != theirs.keys():
+        return f"different state entries: {sorted(mine.keys() ^ theirs.keys())[:3]}"
+    for name, tensor in theirs.items():
+        if not torch.equal(mine[name], tensor):
+            return f"{name} differs from the uninterrupted run"
+    return None

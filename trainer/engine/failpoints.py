@@ -1,0 +1,68 @@
+"""Named places where the fault drills kill a process with SIGKILL, as a node loss would.
+
+A drill sets ``INSTCLS_FAILPOINT=NAME[,rank=R][,step=S]`` on a real job; the rank (any rank when
+unset) that reaches ``fail_point(NAME, step)`` at that step (any step when unset) kills itself
+there, without cleanup, on the job's first attempt only: torchrun's elastic restarts count up
+``TORCHELASTIC_RESTART_COUNT``, so the restarted job runs past the point and shows whether the
+run recovers.  Unset (every real job), a fail point is one comparison.
+
+Points: ``train.after_backward`` (gradients exist, nothing stepped), and in a checkpoint save
+``checkpoint.before_engine``, ``checkpoint.after_engine`` (DeepSpeed files written, the rest not),
+``checkpoint.after_components``, ``checkpoint.before_rename`` (manifest written, still ``.tmp``),
+``checkpoint.after_rename`` (complete, older ones not yet pruned).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+ENV = "INSTCLS_FAILPOINT"
+POINTS = (
+    "train.after_backward",
+    "checkpoint.before_engine",
+    "checkpoint.after_engine",
+    "checkpoint.after_components",
+    "checkpoint.before_rename",
+    "checkpoint.after_rename",
+)
+
+
+def parse(spec: str) -> tuple[str, int | None, int | None]:
+    """``NAME[,rank=R][,step=S]`` -> (name, rank, step); a clear error for anything else."""
+    name, *options = [part.strip() for part in spec.split(",")]
+    if name not in POINTS:
+        raise ValueError(f"{ENV}={spec!r}: unknown fail point {name!r}; choose one of {POINTS}")
+    found: dict[str, int] = {}
+    for option in options:
+        key, _, value = option.partition("=")
+        if key not in ("rank", "step") or not value.isdigit():
+            raise ValueError(f"{ENV}={spec!r}: {option!r} is not rank=<int> or step=<int>")
+        found[key] = int(value)
+    return name, found.get("rank"), found.get("step")
+
+
+def _armed() -> tuple[str, int | None, int | None] | None:
+    spec = os.environ.get(ENV)
+    if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return None
+    return parse(spec)
+
+
+_ARMED = _armed()
+
+
+def fail_point(name: str, step: int | None = None) -> None:
+    """SIGKILL this process here if the drill armed ``name`` for this rank and step."""
+    if _ARMED is None or _ARMED[0] != name:
+        return
+    _, rank, at_step = _ARMED
+    if rank is not None and rank != int(os.environ.get("RANK", "0")):
+        return
+    if at_step is not None and at_step != step:
+        return
+    # the time lets a drill measure recovery from the moment of the fault
+    print(f"instcls: fail point {name} (step {step}): killing rank {os.environ.get('RANK', '0')} with SIGKILL "
+          f"at {time.time():.3f}", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
