@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: install prometheus test test-all demo bench-classifier clean
+.PHONY: install prometheus test test-all demo drill bench-classifier clean
 
 $(INSTALLED): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ demo: $(INSTALLED)
 	rm -rf $(DEMO)/checkpoints $(DEMO)/logs
 	OMP_NUM_THREADS=1 $(BIN)/instcls launch --nproc-per-node 2 -m trainer.cli train \
 		--config configs/demo_cpu.yaml --resume none
+
+# Every fault drill on 2 CPU ranks (4-6 minutes): the table of what survived (README, Reliability).
+drill: $(INSTALLED)
+	OMP_NUM_THREADS=1 $(BIN)/instcls drill --work-dir out/drills
 
 bench-classifier: $(INSTALLED)
 	$(BIN)/instcls bench classifier
