@@ -1,0 +1,40 @@
+"""Fail points: the spec is parsed strictly, and an armed point kills only the chosen rank and step,
+on the first attempt of an elastic job."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from trainer.engine.failpoints import ENV, parse
+
+PROBE = "from trainer.engine.failpoints import fail_point; fail_point('train.after_backward', 3); print('survived')"
+
+
+def test_a_spec_names_a_point_and_optionally_a_rank_and_a_step():
+    assert parse("checkpoint.after_engine") == ("checkpoint.after_engine", None, None)
+    assert parse("train.after_backward, rank=1, step=3") == ("train.after_backward", 1, 3)
+
+
+@pytest.mark.parametrize("spec, complaint", [("checkpoint.halfway", "unknown fail point 'checkpoint.halfway'"),
+                                              ("train.after_backward,rank=one", "'rank=one' is not rank=<int>"),
+                                              ("train.after_backward,when=3", "'when=3' is not rank=<int>")])
+def test_a_bad_spec_is_refused_by_name(spec, complaint):
+    with pytest.raises(ValueError, match=complaint):
+        parse(spec)
+
+
+def _probe(**env: str) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k not in (ENV, "RANK", "TORCHELASTIC_RESTART_COUNT")}
+    return subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=dict(clean, **env),
+                          timeout=120)
+
+
+def test_the_armed_rank_and_step_die_with_sigkill_and_nothing_else_does():
+    assert _probe(**{ENV: "train.after_backward,rank=1,step=3", "RANK": "1"}).returncode == -signal.SIGKILL
+    for other in ({"RANK": "0"}, {"RANK": "1", "TORCHELASTIC_RESTART_COUNT": "1"}):
+        result = _probe(**{ENV: "train.after_backward,rank=1,step=3", **other})
+        assert result.returncode == 0 and "survived" in result.stdout, (other, result.stderr)
+    assert _probe(**{ENV: "train.after_backward,step=4", "RANK": "1"}).returncode == 0
