@@ -382,7 +382,7 @@ def _add_train(commands) -> None:
 
 def _run_train(args: argparse.Namespace) -> int:
     from trainer.config import load_job_config
-    from trainer.engine.checkpoint import CheckpointWriteError
+    from trainer.engine.checkpoint import CheckpointInterrupted, CheckpointWriteError
     from trainer.engine.preemption import NonFiniteLossError
     from trainer.engine.trainer import Trainer
     from trainer.parallel import init_distributed
@@ -395,7 +395,7 @@ def _run_train(args: argparse.Namespace) -> int:
     except NonFiniteLossError as error:
         print(f"instcls: rank {dims.rank}: {error}", file=sys.stderr)
         return 3
-    except CheckpointWriteError as error:
+    except (CheckpointWriteError, CheckpointInterrupted) as error:
         print(f"instcls: error: {error}", file=sys.stderr)
         return 4
     finally:

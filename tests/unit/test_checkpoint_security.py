@@ -11,24 +11,15 @@ import numpy as np
 import pytest
 import torch
 
+from trainer.drills.catalogue import TouchesAFile
 from trainer.engine.checkpoint import _rng_states, _set_rng_states, load_rng
 from trainer.engine.safe_load import UnsafeCheckpointError, load_data, refuse_pickled_code
 from trainer.parallel.dims import single_process_dims
 
 
-class _TouchesAFile:
-    """Unpickling this with ``weights_only=False`` creates ``marker``: code run by a checkpoint."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return Path.touch, (self.marker,)
-
-
 def _tampered(path: Path, marker: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"weights": torch.zeros(2), "payload": _TouchesAFile(marker)}, path)
+    torch.save({"weights": torch.zeros(2), "payload": TouchesAFile(marker)}, path)
     return path
 
 

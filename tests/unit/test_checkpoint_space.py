@@ -1,13 +1,16 @@
 """A checkpoint save that cannot fit is refused before anything is written, by every rank together
-(the write-error path itself is drilled on real jobs in tests/integration/test_drills.py)."""
+(the write-error path is also drilled on real jobs in tests/integration/test_drills.py)."""
 
+import resource
 import shutil
+import signal
 from collections import namedtuple
+from pathlib import Path
 
 import pytest
 import torch
 
-from trainer.engine.checkpoint import CheckpointWriteError, save_checkpoint
+from trainer.engine.checkpoint import CheckpointInterrupted, CheckpointWriteError, save_checkpoint
 from trainer.parallel import single_process_dims
 
 
@@ -27,3 +30,55 @@ def test_a_save_that_cannot_fit_is_refused_before_anything_is_written(tmp_path, 
                        r"rank found only 1,000 free\. Nothing was written\. The previous checkpoint .* is complete"):
         save_checkpoint(tmp_path, 4, NeverWrites(), {}, {}, single_process_dims(torch.device("cpu")), keep=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000000002"]
+
+
+class _SavesTooMuch:
+    """Writes a 4 MiB tensor, the way DeepSpeed writes its files, under a 1 MiB file-size limit:
+    torch.save's zip writer fails as it does on a full disk."""
+
+    def save_checkpoint(self, save_dir, **kwargs):
+        Path(save_dir).mkdir(parents=True)
+        torch.save(torch.zeros(1 << 20), Path(save_dir) / "state.pt")
+
+
+@pytest.fixture
+def one_mib_file_limit():
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # fail the write with EFBIG, don't kill pytest
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+def test_a_failed_write_removes_the_partial_directory_and_names_the_checkpoint(tmp_path, one_mib_file_limit):
+    with pytest.raises(CheckpointWriteError, match=r"rank 0 could not write checkpoint .*step_000000004: .*inline_container"):
+        save_checkpoint(tmp_path, 4, _SavesTooMuch(), {}, {}, single_process_dims(torch.device("cpu")), keep=2)
+    assert list(tmp_path.iterdir()) == []
+
+
+class _PeerDies:
+    def save_checkpoint(self, *args, **kwargs):
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:26550: Connection reset by peer")
+
+
+def test_a_rank_lost_mid_save_is_not_reported_as_a_write_failure(tmp_path):
+    # gloo raises a plain RuntimeError; calling it a full disk would send the user the wrong way
+    with pytest.raises(CheckpointInterrupted, match=r"^rank 0 stopped saving checkpoint .*step_000000004: another "
+                       r"rank failed \(\[gloo.*Connection reset by peer\)\. The partial step_000000004\.tmp is never "
+                       r"taken for a checkpoint"):
+        save_checkpoint(tmp_path, 4, _PeerDies(), {}, {}, single_process_dims(torch.device("cpu")), keep=2)
+    assert [p.name for p in tmp_path.iterdir()] == ["step_000000004.tmp"]  # removed by the next save
+
+
+class _HasABug:
+    def save_checkpoint(self, *args, **kwargs):
+        raise RuntimeError("shape mismatch")
+
+
+def test_any_other_error_of_a_save_propagates_unchanged(tmp_path):
+    with pytest.raises(RuntimeError, match=r"^shape mismatch$") as raised:
+        save_checkpoint(tmp_path, 4, _HasABug(), {}, {}, single_process_dims(torch.device("cpu")), keep=2)
+    assert type(raised.value) is RuntimeError

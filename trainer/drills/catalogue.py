@@ -120,20 +120,30 @@ def rank_killed_mid_step(context: DrillContext) -> DrillResult:
         result.returncode == 0 and killed is not None and resumed and difference is None)
 
 
-def rank_killed_while_saving(context: DrillContext) -> DrillResult:
-    job = context.after_two_steps.copy_to(context.directory("rank-killed-while-saving"))
-    killed = job.run(FOUR_STEPS, launcher=LAUNCH,
-                     env=job_env(INSTCLS_FAILPOINT="checkpoint.after_engine,rank=1,step=4"))
+def killed_during_save(context: DrillContext, fault: str, completes: bool, run_dir: Path) -> DrillResult:
+    """SIGKILL at fail point ``fault`` (``NAME,rank=R``) while checkpoint 4 is written, then resume.
+    ``completes``: the kill comes after the rename, so checkpoint 4 is the complete one to take."""
+    job = context.after_two_steps.copy_to(run_dir)
+    killed = job.run(FOUR_STEPS, launcher=LAUNCH, env=job_env(INSTCLS_FAILPOINT=f"{fault},step=4"))
     killed_at = _killed_at(killed.stdout + killed.stderr)
+    expected = job.checkpoints / checkpoint_name(4 if completes else 2)
     picked = resolve_resume("auto", job.checkpoints, log=lambda message: None)
     partial = (job.checkpoints / (checkpoint_name(4) + ".tmp")).exists()
+    newest_is_expected = complete_checkpoints(job.checkpoints)[-1] == expected and checkpoint_damage(expected) is None
     lost, recovery, same = _resume_and_compare(job, context, killed_at)
+    leftover = bool(list(job.checkpoints.glob("*.tmp")))
     return DrillResult(
-        "rank-killed-while-saving", "SIGKILL of rank 1 after its DeepSpeed files of checkpoint 4",
-        f"exit {killed.returncode}; step 4 left as .tmp: {partial}; --resume auto took {picked.name if picked else None}",
-        lost, recovery,
-        killed.returncode != 0 and killed_at is not None and partial and picked is not None
-        and picked.name == checkpoint_name(2) and same)
+        "rank-killed-while-saving", f"SIGKILL at {fault} while checkpoint 4 is written",
+        f"exit {killed.returncode}; step 4 left as .tmp: {partial}; --resume auto took {picked.name if picked else None}; "
+        f"partial files left after the resume: {leftover}", lost, recovery,
+        killed.returncode != 0 and killed_at is not None and partial != completes and picked == expected
+        and newest_is_expected and not leftover and same)
+
+
+def rank_killed_while_saving(context: DrillContext) -> DrillResult:
+    """Rank 1 dies after writing its DeepSpeed files of checkpoint 4, before the rest."""
+    return killed_during_save(context, "checkpoint.after_engine,rank=1", False,
+                              context.directory("rank-killed-while-saving"))
 
 
 def damaged_newest_checkpoint(context: DrillContext) -> DrillResult:
@@ -152,7 +162,8 @@ def damaged_newest_checkpoint(context: DrillContext) -> DrillResult:
 
 
 @contextmanager
-def _taken_port():
+def taken_port():
+    """A TCP port held by a listening socket for the duration of the block."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
         holder.bind(("0.0.0.0", 0))
         holder.listen()
@@ -218,7 +229,7 @@ def loss_becomes_nan(context: DrillContext) -> DrillResult:
 
 def metrics_port_taken(context: DrillContext) -> DrillResult:
     job = Job(context.directory("metrics-port-taken"), context.shards)
-    with _taken_port() as port:
+    with taken_port() as port:
         started = time.time()
         result = job.run(FOUR_STEPS + [f"logging.metrics_port={port}"], resume="none")
         seconds = round(time.time() - started, 1)
@@ -232,7 +243,7 @@ def metrics_port_taken(context: DrillContext) -> DrillResult:
 
 def rendezvous_port_taken(context: DrillContext) -> DrillResult:
     job = Job(context.directory("rendezvous-port-taken"), context.shards)
-    with _taken_port() as port:
+    with taken_port() as port:
         command = job.command(FOUR_STEPS, resume="none", launcher=LAUNCH)
         command[command.index("--master-port") + 1] = str(port)
         result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, env=job_env())
@@ -244,7 +255,7 @@ def rendezvous_port_taken(context: DrillContext) -> DrillResult:
         result.returncode != 0 and advised)
 
 
-class _TouchesAFile:
+class TouchesAFile:
     """Unpickled with ``weights_only=False`` it creates ``marker``: code run by loading a checkpoint."""
 
     def __init__(self, marker: Path) -> None:
@@ -260,7 +271,7 @@ def checkpoint_with_pickled_code(context: DrillContext) -> DrillResult:
     marker = job.run_dir / "code-ran"
     tampered = checkpoint / "components" / "objective" / "rank-00000.pt"
     state = torch.load(tampered, weights_only=True)
-    torch.save(dict(state, payload=_TouchesAFile(marker)), tampered)
+    torch.save(dict(state, payload=TouchesAFile(marker)), tampered)
     write_manifest(checkpoint)  # an attacker who can write the volume can rewrite the manifest too
     result = job.run(FOUR_STEPS)
     refused = re.search(r"instcls: error: \S+rank-00000\.pt: refusing to load it", result.stderr) is not None

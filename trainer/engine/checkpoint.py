@@ -269,6 +269,10 @@ class CheckpointWriteError(RuntimeError):
     """A checkpoint could not be written; the previous complete one is untouched."""
 
 
+class CheckpointInterrupted(RuntimeError):
+    """Another rank failed while this one was saving; the previous complete checkpoint is untouched."""
+
+
 def _bytes_in(path: Path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
@@ -297,11 +301,22 @@ class _SpacePlan:
 
     @contextmanager
     def reporting_failures(self, tmp: Path, rank: int):
-        """Turn a failed write into one clear error.  ``torch.save`` reports a full disk as a
-        RuntimeError from its zip writer, hence both types; the original text is kept."""
+        """Turn a failed write into one clear error; the original text is kept.  ``torch.save``
+        reports a full disk as a RuntimeError from its zip writer, so that one is a write failure
+        too.  A collective that fails because another rank died (gloo: "Connection reset by peer")
+        is not about space: it says so and leaves the partial directory to the next save.  Any
+        other RuntimeError is a bug and propagates unchanged."""
         try:
             yield
         except (OSError, RuntimeError) as error:
+            if _another_rank_failed(error):
+                raise CheckpointInterrupted(
+                    f"rank {rank} stopped saving checkpoint {tmp.with_suffix('')}: another rank failed ({error}). "
+                    f"The partial {tmp.name} is never taken for a checkpoint and the next save removes it; "
+                    "the first failing rank's own error says what went wrong."
+                ) from None
+            if not isinstance(error, OSError) and not _from_torch_save_writer(error):
+                raise
             if rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)  # give the space back; the run stops here
             needed = f"about {self.expected_bytes:,} bytes" if self.expected_bytes else "an unknown number of bytes"
@@ -309,6 +324,15 @@ class _SpacePlan:
                 f"rank {rank} could not write checkpoint {tmp.with_suffix('')}: {error}. A checkpoint needs {needed}; "
                 f"{self.free_bytes:,} bytes were free before the save. " + self._advice()
             ) from None
+
+
+def _from_torch_save_writer(error: RuntimeError) -> bool:
+    return any(mark in str(error) for mark in ("inline_container", "PytorchStreamWriter"))
+
+
+def _another_rank_failed(error: Exception) -> bool:
+    # NCCL raises DistError subclasses; gloo raises a plain RuntimeError naming the lost peer.
+    return isinstance(error, dist.DistError) or (isinstance(error, RuntimeError) and "by peer" in str(error))
 
 
 def _check_space(directory: Path, final: Path, dims: ParallelDims) -> _SpacePlan:
@@ -333,7 +357,7 @@ def _write(tmp: Path, engine, components: dict[str, Stateful], dims: ParallelDim
     if dims.rank == 0:
         for name in components:
             (tmp / "components" / name).mkdir(parents=True)
-        (tmp / "rng").mkdir()
+        (tmp / "rng").mkdir(parents=True)
     _barrier(dims)
 
     fail_point("checkpoint.before_engine", step)
