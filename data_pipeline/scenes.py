@@ -65,7 +65,13 @@ def _gradient(rng: np.random.Generator, size: int) -> np.ndarray:
     return start + along[..., None] * (end - start)
 
 
-BACKGROUND_KINDS = {"photo": _crop, "gradient": _gradient}
+def _flat(rng: np.random.Generator, size: int) -> np.ndarray:
+    """One random colour: the only nuisance is colour, which SimCLR-style colour jitter and
+    grayscale teach a network to ignore within a few minutes of CPU training (the demo's kind)."""
+    return np.broadcast_to(rng.uniform(0.0, 255.0, size=3).astype(np.float32), (size, size, 3)).copy()
+
+
+BACKGROUND_KINDS = {"photo": _crop, "gradient": _gradient, "flat": _flat}
 
 
 def _background(kind: str, rng: np.random.Generator, size: int) -> np.ndarray:
@@ -88,7 +94,8 @@ def _place(rng: np.random.Generator, extent: int, size: int, margin: int) -> int
 
 def render_scene(digit: np.ndarray, seed: int, digit_index: int, render_index: int, image_size: int,
                  backgrounds: int = 0, colour_mix: float = 0.3, background: str = "photo",
-                 with_digit: bool = True) -> tuple[np.ndarray, tuple[int, int, int, int]]:
+                 with_digit: bool = True, max_angle: float = MAX_ANGLE,
+                 digit_fraction: tuple[float, float] = DIGIT_FRACTION) -> tuple[np.ndarray, tuple[int, int, int, int]]:
     """``(uint8 [S, S, 3] image, (top, left, height, width) of the digit's box)``.
 
     ``digit`` is an 8x8 array with values 0..16 (``load_digits().images[i]``).  ``backgrounds``: 0
@@ -96,7 +103,9 @@ def render_scene(digit: np.ndarray, seed: int, digit_index: int, render_index: i
     cannot tell instances apart).  ``background``: ``photo`` or ``gradient`` (module docstring).
     ``colour_mix``: how much of a random colour survives in the
     dark or bright digit (0: black or white digits).  ``with_digit=False`` returns the same
-    scene's background alone, for checking where the digit went.
+    scene's background alone, for checking where the digit went.  ``max_angle``: the digit turns by
+    up to this many degrees either way; ``digit_fraction``: the range of its side, as a fraction of
+    the image's, before turning.
     """
     size = image_size
     rng = np.random.default_rng([seed, digit_index, render_index])
@@ -105,9 +114,9 @@ def render_scene(digit: np.ndarray, seed: int, digit_index: int, render_index: i
     else:
         scene = _background(background, rng, size)
 
-    glyph_side = max(4, round(rng.uniform(*DIGIT_FRACTION) * size))
+    glyph_side = max(4, round(rng.uniform(*digit_fraction) * size))
     glyph = Image.fromarray((digit * (255.0 / 16.0)).astype(np.uint8)).resize((glyph_side, glyph_side), Image.BICUBIC)
-    glyph = glyph.rotate(rng.uniform(-MAX_ANGLE, MAX_ANGLE), Image.BICUBIC, expand=True)
+    glyph = glyph.rotate(rng.uniform(-max_angle, max_angle), Image.BICUBIC, expand=True)
     alpha = np.clip(np.asarray(glyph, dtype=np.float32) / 255.0 * STROKE_GAIN, 0.0, 1.0)[:size, :size]
     box_h, box_w = alpha.shape
     margin = round(MARGIN_FRACTION * size)

@@ -17,6 +17,8 @@ from typing import Callable
 import numpy as np
 from PIL import Image
 
+from data_pipeline.scenes import BACKGROUND_KINDS, DIGIT_FRACTION, MAX_ANGLE
+
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
 NO_LABEL = -1
 
@@ -115,16 +117,19 @@ def sklearn_digits(image_size: int = 32, split: str = "all", val_fraction: float
 
 
 def _scene_png(digit: np.ndarray, seed: int, digit_index: int, render_index: int, image_size: int,
-               backgrounds: int, colour_mix: float, background: str) -> bytes:
+               backgrounds: int, colour_mix: float, background: str, max_angle: float,
+               digit_fraction: tuple[float, float]) -> bytes:
     from data_pipeline.scenes import render_scene
 
-    scene, _ = render_scene(digit, seed, digit_index, render_index, image_size, backgrounds, colour_mix, background)
+    scene, _ = render_scene(digit, seed, digit_index, render_index, image_size, backgrounds, colour_mix, background,
+                            max_angle=max_angle, digit_fraction=digit_fraction)
     return _png_bytes(scene)
 
 
 def digits_on_photos(image_size: int = 32, split: str = "all", renders_per_digit: int = 3, seed: int = 0,
                      backgrounds: int = 0, colour_mix: float = 0.3, val_fraction: float = 0.2,
-                     background: str = "photo") -> Source:
+                     background: str = "photo", max_angle: float = MAX_ANGLE,
+                     digit_fraction: tuple[float, float] = DIGIT_FRACTION) -> Source:
     """The scikit-learn digits drawn onto crops of embedded photographs or onto colour gradients
     (``data_pipeline.scenes``, which explains ``background``, ``backgrounds`` and ``colour_mix``),
     ``renders_per_digit`` scenes per digit: a harder labelled set than ``sklearn_digits``.
@@ -134,24 +139,24 @@ def digits_on_photos(image_size: int = 32, split: str = "all", renders_per_digit
     """
     from sklearn.datasets import load_digits
 
-    from data_pipeline.scenes import BACKGROUND_KINDS
-
     if background not in BACKGROUND_KINDS:
         raise ValueError(f"--background {background!r}: choose one of {sorted(BACKGROUND_KINDS)}")
-    if renders_per_digit < 1 or image_size < 16 or backgrounds < 0 or not 0 <= colour_mix <= 1:
-        raise ValueError("digit scenes need --renders-per-digit >= 1, --image-size >= 16, --backgrounds >= 0 "
-                         "and 0 <= colour_mix <= 1")
+    if renders_per_digit < 1 or image_size < 16 or backgrounds < 0 or not 0 <= colour_mix <= 1 \
+            or not 0 <= max_angle <= 180 or not 0.1 <= digit_fraction[0] <= digit_fraction[1] <= 1:
+        raise ValueError("digit scenes need --renders-per-digit >= 1, --image-size >= 16, --backgrounds >= 0, "
+                         "0 <= --colour-mix <= 1, 0 <= --max-angle <= 180 and 0.1 <= --digit-size MIN <= MAX <= 1")
     digits = load_digits()
     keep = _digits_split(len(digits.images), split, val_fraction)
     images = [
         SourceImage(origin=f"digit-scene[{index}, {render}]", label=int(label),
                     read=partial(_scene_png, pixels, seed, index, render, image_size, backgrounds, colour_mix,
-                                 background))
+                                 background, max_angle, tuple(digit_fraction)))
         for index, (pixels, label) in enumerate(zip(digits.images, digits.target)) if keep(index)
         for render in range(renders_per_digit)
     ]
     name = (f"digit-scenes:{split}:background={background}:renders={renders_per_digit}:"
-            f"backgrounds={backgrounds}:seed={seed}")
+            f"backgrounds={backgrounds}:colour_mix={colour_mix}:max_angle={max_angle}:"
+            f"digit_size={digit_fraction[0]}-{digit_fraction[1]}:seed={seed}")
     return Source(name=name, images=images, class_names=[str(d) for d in range(10)])
 
 

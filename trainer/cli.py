@@ -3,6 +3,7 @@
     instcls launch TORCHRUN_ARGS...     (torchrun that exits 0 after a clean preemption save)
     instcls train --config FILE [--set section.field=value ...] [--resume auto|none|PATH]   (under torchrun)
     instcls eval knn|linear --config FILE --checkpoint DIR
+    instcls report --logs DIR [--png FILE]   (a finished run: summary table, curves)
     instcls make-shards --source digits|digit-scenes|synthetic|folder --out DIR [...]
     instcls validate-shards DIR
     instcls drill [--only NAME,...]   (fault drills on CPU ranks; prints what survived)
@@ -115,13 +116,15 @@ def _run_bench_pic(args: argparse.Namespace) -> int:
 
 
 def _add_make_shards(commands) -> None:
+    from data_pipeline.scenes import DIGIT_FRACTION, MAX_ANGLE
     from data_pipeline.shards import ShardSettings
 
     defaults = ShardSettings()
     parser = commands.add_parser("make-shards", help="write WebDataset shards + DALI indexes + manifest")
     parser.add_argument("--source", required=True, choices=["digits", "digit-scenes", "synthetic", "folder"],
                         help="digits: the labelled set inside scikit-learn; digit-scenes: those digits drawn "
-                        "onto crops of embedded photos (harder); synthetic: random images; "
+                        "at random places and colours onto photo crops, gradients or flat colours (harder); "
+                        "synthetic: random images; "
                         "folder: an image tree ROOT/<class>/<image> given with --root")
     parser.add_argument("--out", type=Path, required=True, help="output directory (must hold no manifest yet)")
     parser.add_argument("--root", type=Path, help="image-folder root for --source folder")
@@ -133,8 +136,16 @@ def _add_make_shards(commands) -> None:
                         help="digit-scenes: scenes drawn per digit (default %(default)s)")
     parser.add_argument("--backgrounds", type=int, default=0,
                         help="digit-scenes: number of shared background crops (default 0: a fresh crop per scene)")
-    parser.add_argument("--background", default="photo", choices=["photo", "gradient"],
-                        help="digit-scenes: crops of embedded photos or two-colour gradients (default %(default)s)")
+    parser.add_argument("--background", default="photo", choices=["photo", "gradient", "flat"],
+                        help="digit-scenes: crops of embedded photos, two-colour gradients or one flat colour "
+                        "(default %(default)s; the demo uses flat)")
+    parser.add_argument("--colour-mix", type=float, default=0.3,
+                        help="digit-scenes: how much of a random colour survives in the digit (0: black or white; "
+                        "default %(default)s)")
+    parser.add_argument("--max-angle", type=float, default=MAX_ANGLE,
+                        help="digit-scenes: largest turn of a digit in degrees (default %(default)s)")
+    parser.add_argument("--digit-size", type=float, nargs=2, default=DIGIT_FRACTION, metavar=("MIN", "MAX"),
+                        help="digit-scenes: range of a digit's side as a fraction of the image's (default %(default)s)")
     parser.add_argument("--prefix", default=defaults.prefix, help="shard file prefix: PREFIX-000000.tar")
     parser.add_argument("--samples-per-shard", type=int, default=defaults.samples_per_shard)
     parser.add_argument("--on-bad-image", default=defaults.on_bad_image, choices=["error", "skip"],
@@ -159,7 +170,9 @@ def _run_make_shards(args: argparse.Namespace) -> int:
     elif args.source == "digit-scenes":
         source = sources.digits_on_photos(args.image_size, split=args.split,
                                           renders_per_digit=args.renders_per_digit, seed=args.seed,
-                                          backgrounds=args.backgrounds, background=args.background)
+                                          backgrounds=args.backgrounds, background=args.background,
+                                          colour_mix=args.colour_mix, max_angle=args.max_angle,
+                                          digit_fraction=tuple(args.digit_size))
     else:
         source = sources.synthetic(args.count, args.image_size, args.seed)
     settings = ShardSettings(prefix=args.prefix, samples_per_shard=args.samples_per_shard,
@@ -455,11 +468,29 @@ def _run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_report(commands) -> None:
+    parser = commands.add_parser("report", help="a finished run's summary table and a PNG of its curves, from its logs")
+    parser.add_argument("--logs", type=Path, required=True, help="the run's logging.dir (rank-*.jsonl)")
+    parser.add_argument("--png", type=Path, help="also write loss, kNN per epoch, throughput and memory here")
+    parser.set_defaults(handler=_run_report)
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from trainer.observability.report import RunLogs, plot_run, summary_table
+
+    logs = RunLogs.read(args.logs)
+    print(summary_table(logs))
+    if args.png:
+        print(f"curves: {plot_run(logs, args.png)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="instcls", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     _add_train(commands)
     _add_eval(commands)
+    _add_report(commands)
     _add_plan(commands)
     _add_make_shards(commands)
     _add_validate_shards(commands)

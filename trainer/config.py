@@ -4,7 +4,7 @@ Every section is a dataclass whose docstring documents its fields and whose ``__
 rejects bad values with a message naming the field and the fix.  Unknown keys are errors (with a
 suggestion), so a typo never silently falls back to a default.
 
-    config = load_job_config("configs/demo_cpu.yaml", overrides=["optim.epochs=3"])
+    config = load_job_config("configs/digits_cpu.yaml", overrides=["optim.epochs=3"])
 """
 
 from __future__ import annotations
@@ -147,11 +147,26 @@ class EvalSection:
     knn_k: neighbours of the weighted kNN classifier (20).
     knn_temperature: temperature of the kNN vote weights exp(sim / t) (0.07).
     knn_at_end: after training, print kNN accuracy of the trained and the random-init network.
+    every_epochs: also score kNN every this many epochs while training (0: only at the end).  All
+        ranks extract features together; it costs about one pass over the bank and held-out
+        shards, in inference mode.  Logged as ``event: eval`` and exported as
+        ``instcls_eval_knn_accuracy``.
+    linear_at_end: after training, also fit a linear probe on the frozen features (trained and
+        random init) and its learning curve over fractions of the labels.
     """
 
     knn_k: int = 20
     knn_temperature: float = 0.07
     knn_at_end: bool = True
+    every_epochs: int = 0
+    linear_at_end: bool = False
+
+    def __post_init__(self) -> None:
+        if self.knn_k < 1:
+            raise ConfigError(f"eval.knn_k={self.knn_k} is invalid: use at least 1 neighbour")
+        if self.every_epochs < 0:
+            raise ConfigError(f"eval.every_epochs={self.every_epochs} is invalid: use 0 (only at the end) or a "
+                              "positive number of epochs")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ FAST = ["data.loader.batch_size=64", "optim.epochs=4", "optim.warmup_epochs=1"]
 
 
 def run_train(run_dir: Path, shards, nproc: int, overrides: list[str], resume: str = "none", timeout: int = 600,
-              config: str = "demo_cpu.yaml"):
+              config: str = "digits_cpu.yaml"):
     result = subprocess.run(train_command(run_dir, shards, nproc, overrides, resume, config=config), cwd=REPO, capture_output=True,
                             text=True, timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1"))
     if result.returncode != 0:

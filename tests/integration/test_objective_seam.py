@@ -90,7 +90,7 @@ def _train(run_dir: str, shards: dict, overrides: list[str], resume: str) -> Non
                 f"logging.dir={run_dir}/logs", "logging.progress=false", "logging.metrics_port=0",
                 "eval.knn_at_end=false", "checkpoint.every_epochs=0", "objective={name: toy_linear}", *FAST,
                 *overrides]
-    config = load_job_config(REPO / "configs" / "demo_cpu.yaml", settings)
+    config = load_job_config(REPO / "configs" / "digits_cpu.yaml", settings)
     Trainer(config, init_distributed(), resume=resume).train()
 
 

@@ -119,13 +119,24 @@ def test_sigterm_saves_a_complete_checkpoint_and_exits_zero(digits_split, tmp_pa
 
 
 def test_training_learns_and_beats_random_init_knn(digits_split, tmp_path):
-    result = run_train(tmp_path, digits_split, 2, ["eval.knn_at_end=true"], timeout=1200)
+    result = run_train(tmp_path, digits_split, 2, ["eval.knn_at_end=true", "eval.every_epochs=5",
+                                                   "eval.linear_at_end=true"], timeout=1200)
     losses = step_losses(tmp_path)
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5, losses
-    knn = [json.loads(line) for line in (tmp_path / "logs" / "rank-00000.jsonl").read_text().splitlines()
-           if '"event": "knn"' in line][0]
-    assert knn["trained"] > knn["random_init"], knn
-    assert "kNN accuracy (k=20, cosine, held-out split)" in result.stdout
+    records = [json.loads(line) for line in (tmp_path / "logs" / "rank-00000.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r["event"] == "eval"]
+    assert [(r["epoch"], r["final"]) for r in evals] == [(5, False), (10, False), (15, True)], evals
+    final = evals[-1]
+    assert final["knn_trained"] > final["knn_random_init"], final
+    assert {r["knn_random_init"] for r in evals} == {final["knn_random_init"]}  # one baseline, scored once
+    assert "linear_trained" not in evals[0] and 0.5 < final["linear_trained"] <= 1.0
+    assert sorted(final["linear_curve"], key=float) == ["0.1", "0.25", "0.5", "1.0"]
+    assert final["linear_curve"]["1.0"] == final["linear_trained"]  # the full-label point is the probe itself
+    summaries = [json.loads(line) for rank in (0, 1) for line in
+                 (tmp_path / "logs" / f"rank-{rank:05d}.jsonl").read_text().splitlines() if '"summary"' in line]
+    assert [(s["epochs"], s["steps"], s["images"]) for s in summaries] == [(15, 180, 180 * 64)] * 2, summaries
+    assert all(s["peak_memory_bytes"] > 100 << 20 for s in summaries)  # a ResNet-18 rank holds >100 MiB
+    assert "kNN accuracy (k=20, cosine, held-out split) after epoch 15: trained" in result.stdout
 
 
 def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(digits_split, tmp_path):
@@ -159,7 +170,7 @@ def test_eval_commands_score_a_checkpoint_above_random_init(digits_split, tmp_pa
     accuracy = {}
     for protocol, label in (("knn", "kNN (k=20, cosine) accuracy"), ("linear", "linear probe accuracy")):
         for name in (str(checkpoint), "random-init"):
-            args = ["eval", protocol, "--config", str(REPO / "configs/demo_cpu.yaml"), "--checkpoint", name]
+            args = ["eval", protocol, "--config", str(REPO / "configs/digits_cpu.yaml"), "--checkpoint", name]
             assert main(args + [item for s in settings for item in ("--set", s)]) == 0
             out = capsys.readouterr().out
             accuracy[protocol, name] = float(out.split(f"{label} of {name}: ")[1].split("%")[0])

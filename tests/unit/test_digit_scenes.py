@@ -57,7 +57,7 @@ def test_split_is_by_source_digit_and_matches_plain_digits():
     assert all(i.label == labels[digit_index(i.origin)] for i in train.images[::50])
 
 
-@pytest.mark.parametrize("background_kind", ["photo", "gradient"])
+@pytest.mark.parametrize("background_kind", ["photo", "gradient", "flat"])
 @pytest.mark.parametrize("index, render", [(0, 0), (7, 1), (123, 2), (1000, 0), (1796, 4)])
 def test_digit_is_drawn_inside_its_box_and_stands_out(index, render, background_kind):
     digit = load_digits().images[index]
@@ -87,15 +87,39 @@ def test_digit_is_drawn_inside_its_box_and_stands_out(index, render, background_
     assert best_match(ink, digit) > best_match(ink, other)
 
 
-def best_match(ink: np.ndarray, digit: np.ndarray) -> float:
-    """Highest correlation of ``ink`` with ``digit`` upscaled and turned by -30..30 degrees."""
+def match_by_angle(ink: np.ndarray, digit: np.ndarray) -> dict[int, float]:
+    """Correlation of ``ink`` with ``digit`` upscaled and turned by each of -30..30 degrees."""
     glyph = Image.fromarray((digit * 15).astype(np.uint8)).resize((32, 32), Image.BICUBIC)
     height, width = ink.shape
-    return max(
-        np.corrcoef(ink.ravel(), np.asarray(glyph.rotate(angle, Image.BICUBIC, expand=True).resize((width, height)),
-                                            dtype=float).ravel())[0, 1]
+    return {
+        angle: np.corrcoef(ink.ravel(), np.asarray(glyph.rotate(angle, Image.BICUBIC, expand=True).resize(
+            (width, height)), dtype=float).ravel())[0, 1]
         for angle in range(-30, 31, 5)
-    )
+    }
+
+
+def best_match(ink: np.ndarray, digit: np.ndarray) -> float:
+    return max(match_by_angle(ink, digit).values())
+
+
+def test_flat_background_is_one_colour_and_max_angle_zero_keeps_digits_upright():
+    digits = load_digits().images
+    for index in (3, 40, 500):
+        scene, (top, left, height, width) = render_scene(digits[index], 0, index, 0, 32, background="flat",
+                                                         max_angle=0)
+        background = render_scene(digits[index], 0, index, 0, 32, background="flat", max_angle=0, with_digit=False)[0]
+        assert len(np.unique(background.reshape(-1, 3), axis=0)) == 1
+        ink = np.abs(scene.astype(int) - background.astype(int)).max(axis=2)[top : top + height, left : left + width]
+        by_angle = match_by_angle(ink.astype(float), digits[index])
+        assert max(by_angle, key=by_angle.get) == 0, by_angle
+
+
+def test_digit_size_sets_the_glyph_side():
+    digit = load_digits().images[0]
+    for low, high in ((0.3, 0.3), (0.8, 0.8)):
+        _, (_, _, height, width) = render_scene(digit, 0, 0, 0, 40, background="flat", max_angle=0,
+                                                digit_fraction=(low, high))
+        assert height == width == round(low * 40)
 
 
 def test_bad_arguments_are_refused():
@@ -105,6 +129,10 @@ def test_bad_arguments_are_refused():
         digits_on_photos(renders_per_digit=0)
     with pytest.raises(ValueError, match="background 'plain'"):
         digits_on_photos(background="plain")
+    with pytest.raises(ValueError, match="max-angle"):
+        digits_on_photos(max_angle=200)
+    with pytest.raises(ValueError, match="digit-size MIN <= MAX"):
+        digits_on_photos(digit_fraction=(0.8, 0.6))
 
 
 def test_gradient_background_blends_two_colours_along_one_direction():
@@ -118,7 +146,7 @@ def test_gradient_background_blends_two_colours_along_one_direction():
         assert spread[1] < 0.5 and spread[0] > 5
 
 
-@pytest.mark.parametrize("background_kind", ["photo", "gradient"])
+@pytest.mark.parametrize("background_kind", ["photo", "gradient", "flat"])
 def test_shared_backgrounds_come_from_a_small_pool(background_kind):
     digits = load_digits().images
     pooled = {render_scene(digits[i], 0, i, 0, 32, backgrounds=4, background=background_kind,

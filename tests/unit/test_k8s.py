@@ -102,7 +102,7 @@ def test_dashboard_queries_only_exported_metrics_and_covers_the_brief():
     assert used and used <= set(METRIC_NAMES), used - set(METRIC_NAMES)
     titles = " ".join(panel["title"].lower() for panel in dashboard["panels"])
     for topic in ("images/s", "p50", "p95", "data-loader wait", "loss", "learning rate", "memory per rank",
-                  "communication", "epoch progress", "eta"):
+                  "communication", "epoch progress", "eta", "knn accuracy"):
         assert topic in titles, topic
 
 

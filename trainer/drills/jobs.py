@@ -21,7 +21,7 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
 def train_command(run_dir: Path, shards: dict[str, Path], nproc: int, overrides: list[str], resume: str = "none",
-                  launcher: list[str] | None = None, config: str = "demo_cpu.yaml") -> list[str]:
+                  launcher: list[str] | None = None, config: str = "digits_cpu.yaml") -> list[str]:
     """`instcls train` on ``shards`` ({"train": dir, "val": dir}) with checkpoints and logs under
     ``run_dir``, no progress bars, no end-of-run kNN, checkpoints only where ``overrides`` ask."""
     settings = [

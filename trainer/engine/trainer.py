@@ -14,6 +14,7 @@ for the one tiny CPU all-reduce per step that agrees on SIGTERM.
 
 from __future__ import annotations
 
+import copy
 import sys
 import time
 from dataclasses import dataclass
@@ -33,8 +34,8 @@ from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, lo
 from trainer.engine.failpoints import fail_point
 from trainer.engine.preemption import NonFiniteWatch, StopSignal
 from trainer.engine.schedule import LRSchedule, scaled_lr, set_lr
-from trainer.evaluation.features import bank_and_queries
-from trainer.evaluation.knn import knn_accuracy
+from trainer.evaluation.scoring import FrozenFeatureScores
+from trainer.observability.memory import peak_rss_bytes
 from trainer.parallel.launch import mark_clean_stop
 from trainer.models import build_model
 from trainer.objectives import ObjectiveContext, OptimSettings, StepViews, View, build_objective, objective_parameters
@@ -57,7 +58,7 @@ class TrainResult:
     state: TrainerState
     stopped_by: str  # "finished", "max_steps" or "sigterm"
     last_checkpoint: Path | None
-    knn: dict[str, float] | None = None
+    scores: dict | None = None  # the final FrozenFeatureScores.score, when eval shards are set
 
 
 class Trainer:
@@ -82,6 +83,8 @@ class Trainer:
 
         reseed(config.seed, 0, 0)  # the same initial backbone on every rank
         model = build_model(config.model)
+        # Scored next to the trained network: does training beat the architecture alone?
+        self.frozen_scores = FrozenFeatureScores(config, dims, copy.deepcopy(model)) if config.data.eval_shards else None
         ds_config = load_deepspeed_config(config.deepspeed_config, loader_config.batch_size)
         self.engine, self.backbone_optimizer = initialize_backbone(
             model, ds_config, peak_lr, config.optim.momentum, config.optim.weight_decay
@@ -100,6 +103,9 @@ class Trainer:
         self.components = {"objective": self.objective, "sampler": self.train_loader.sampler}
 
         self.state = TrainerState()
+        # The run summary's throughput: images over training time (no start-up, saves or evaluations);
+        # a resumed run counts from its restart.
+        self.images_this_run, self.train_seconds = 0, 0.0
         self.last_checkpoint = resolve_resume_on_rank0(resume, config.checkpoint.dir, dims, self._say)
         if self.last_checkpoint is not None:
             self._restore(self.last_checkpoint)
@@ -185,9 +191,13 @@ class Trainer:
                 self._save()
         finally:
             self.stop_signal.restore()
-        knn = self.evaluate_knn() if stopped_by == "finished" and config.eval.knn_at_end else None
+        scores = None
+        if stopped_by == "finished":
+            self._log_run_summary()
+            if config.eval.knn_at_end:
+                scores = self.evaluate(final=True)
         self.log.close()
-        return TrainResult(state=state, stopped_by=stopped_by, last_checkpoint=self.last_checkpoint, knn=knn)
+        return TrainResult(state=state, stopped_by=stopped_by, last_checkpoint=self.last_checkpoint, scores=scores)
 
     def _train_epoch(self) -> str:
         config, state, dims = self.config, self.state, self.dims
@@ -219,6 +229,7 @@ class Trainer:
 
             images = batch.instance_ids.shape[0]
             self.metrics.samples.inc(images)
+            self.images_this_run += images
             self.metrics.data_wait.inc(data_wait)
             self.metrics.step_duration.observe(step_seconds + data_wait)
             self.metrics.epoch_progress.set(state.step_in_epoch / self.steps_per_epoch)
@@ -240,6 +251,7 @@ class Trainer:
             wait_start = time.perf_counter()
         bar.close()
         epoch_seconds = time.perf_counter() - epoch_start
+        self.train_seconds += epoch_seconds
         objective_metrics = self._objective_metrics()
         self.log.write(event="epoch", epoch=epoch, seconds=round(epoch_seconds, 3), **objective_metrics)
         self._say(f"epoch {epoch}: {epoch_seconds:.1f}s; objective: " +
@@ -248,6 +260,9 @@ class Trainer:
         state.step_in_epoch = 0
         if config.checkpoint.every_epochs and state.epoch % config.checkpoint.every_epochs == 0:
             self._save()
+        every = config.eval.every_epochs
+        if every and state.epoch % every == 0 and state.epoch < config.optim.epochs:  # the last one: evaluate(final)
+            self.evaluate(final=False)
         return "finished"
 
     def _forward_views(self, batch) -> list[View]:
@@ -305,20 +320,35 @@ class Trainer:
 
     # -- evaluation ------------------------------------------------------------------------
 
-    def evaluate_knn(self) -> dict[str, float] | None:
-        """kNN accuracy of the trained network and of the same network at its random init."""
-        data, ev = self.config.data, self.config.eval
-        if data.eval_shards is None:
+    def evaluate(self, final: bool) -> dict | None:
+        """Collective: kNN accuracy of the network as trained so far and of its random init (plus,
+        ``final`` with ``eval.linear_at_end``, the linear probe).  Logged and exported."""
+        if self.frozen_scores is None:
             return None
-        trained = plain_model_from_engine(self.engine, build_model(self.config.model)).to(self.dims.device)
-        reseed(self.config.seed, 0, 0)
-        random_init = build_model(self.config.model).to(self.dims.device)
-        results = {}
-        for name, model in (("trained", trained), ("random_init", random_init)):
-            bank, bank_labels, queries, query_labels = bank_and_queries(model, data, self.dims)
-            results[name] = knn_accuracy(bank, bank_labels, queries, query_labels, ev.knn_k, ev.knn_temperature)
-        self.log.write(event="knn", **results)
+        trained = plain_model_from_engine(self.engine, build_model(self.config.model))
+        results = self.frozen_scores.score(trained, linear=final and self.config.eval.linear_at_end)
+        self.engine.train()
+        self.log.write(event="eval", epoch=self.state.epoch, step=self.state.global_step, final=final, **results)
+        for network in ("trained", "random_init"):
+            self.metrics.eval_knn.labels(self.metrics.rank, network).set(results[f"knn_{network}"])
+        ev = self.config.eval
         if self.dims.rank == 0:
-            print(f"kNN accuracy (k={ev.knn_k}, cosine, held-out split): trained {100 * results['trained']:.2f}%  "
-                  f"random init {100 * results['random_init']:.2f}%")
+            linear = (f"; linear probe trained {100 * results['linear_trained']:.2f}%  random init "
+                      f"{100 * results['linear_random_init']:.2f}%" if "linear_trained" in results else "")
+            message = (f"kNN accuracy (k={ev.knn_k}, cosine, held-out split) after epoch {self.state.epoch}: trained "
+                       f"{100 * results['knn_trained']:.2f}%  random init {100 * results['knn_random_init']:.2f}%"
+                       f"{linear} ({results['seconds']:.1f} s)")
+            if final:
+                print(message)  # the run's result: on stdout, not only in the log
+            else:
+                self._say(message)
         return results
+
+    def _log_run_summary(self) -> None:
+        """What the run cost on this rank: throughput and peak memory (CUDA allocator or CPU RSS)."""
+        device = self.dims.device
+        peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else peak_rss_bytes()
+        self.log.write(event="summary", objective=self.config.objective.name, epochs=self.state.epoch,
+                       steps=self.state.global_step, seconds=round(self.train_seconds, 3), world_size=self.dims.world_size,
+                       images=self.images_this_run, peak_memory_bytes=peak,
+                       peak_memory_kind="cuda_max_allocated" if device.type == "cuda" else "rss_high_water")

@@ -31,6 +31,7 @@ METRIC_NAMES = (
     "instcls_epoch_progress_ratio",
     "instcls_steps_per_epoch",
     "instcls_epochs_planned",
+    "instcls_eval_knn_accuracy",
 )
 
 
@@ -67,6 +68,8 @@ class TrainingMetrics:
         self.epoch_progress = gauge("instcls_epoch_progress_ratio", "Fraction of the current epoch done.")
         self.steps_per_epoch = gauge("instcls_steps_per_epoch", "Steps in one epoch on this rank.")
         self.epochs_planned = gauge("instcls_epochs_planned", "Epochs the job is configured to train (for ETAs).")
+        self.eval_knn = Gauge("instcls_eval_knn_accuracy", "kNN accuracy on the held-out split at the last "
+                              "evaluation (label network: trained or random_init).", labels + ["network"], registry=r)
 
     def set_memory(self, readings: dict[str, int]) -> None:
         for kind, value in readings.items():
