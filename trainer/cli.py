@@ -4,6 +4,7 @@
     instcls train --config FILE [--set section.field=value ...] [--resume auto|none|PATH]   (under torchrun)
     instcls eval knn|linear --config FILE --checkpoint DIR
     instcls report --logs DIR [--png FILE]   (a finished run: summary table, curves)
+    instcls ablate [--only NAME,...] [--seeds 2] [--doc docs/ablations.md]   (the papers' ablations, CPU ranks)
     instcls make-shards --source digits|digit-scenes|synthetic|folder --out DIR [...]
     instcls validate-shards DIR
     instcls drill [--only NAME,...]   (fault drills on CPU ranks; prints what survived)
@@ -485,12 +486,58 @@ def _run_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_ablate(commands) -> None:
+    from trainer.ablations.catalogue import ABLATIONS
+
+    parser = commands.add_parser(
+        "ablate", help="the papers' ablations in miniature on the digit scenes; writes docs/ablations.md",
+        description="Trains every variant of each ablation at several seeds (2 CPU ranks per run, one run "
+        "at a time), judges each published direction against the seeds' noise and writes a Markdown "
+        "document with a table and a PNG.  Finished runs are kept and not repeated.  Ablations: "
+        + ", ".join(a.name for a in ABLATIONS) + ".")
+    parser.add_argument("--only", help="comma-separated ablation names (default: all)")
+    parser.add_argument("--seeds", type=int, default=2, help="runs per variant, seeds 0..N-1 (default %(default)s)")
+    parser.add_argument("--train-shards", type=Path, default=Path("out/demo/shards/train"),
+                        help="the digit scenes' training split (default: the demo's, %(default)s)")
+    parser.add_argument("--val-shards", type=Path, default=Path("out/demo/shards/val"),
+                        help="their labelled held-out split (default %(default)s)")
+    parser.add_argument("--work-dir", type=Path, default=Path("out/ablate"), help="runs go here (default %(default)s)")
+    parser.add_argument("--doc", type=Path, default=Path("docs/ablations.md"),
+                        help="the Markdown document to write; its PNG goes next to it (default %(default)s)")
+    parser.add_argument("--nproc", type=int, default=2, help="CPU ranks per run (default %(default)s)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="a config override for every run (repeatable), e.g. optim.epochs=1 for a smoke test")
+    parser.set_defaults(handler=_run_ablate)
+
+
+def _run_ablate(args: argparse.Namespace) -> int:
+    from trainer.ablations.catalogue import select
+    from trainer.ablations.document import Sweep, write
+    from trainer.ablations.runner import SweepSettings, run_sweep
+
+    if args.seeds < 1:
+        raise ValueError(f"--seeds {args.seeds} is invalid: use at least 1 (several, for a noise estimate)")
+    for split, path in (("--train-shards", args.train_shards), ("--val-shards", args.val_shards)):
+        if not (path / "manifest.json").is_file():
+            raise FileNotFoundError(f"{split} {path}: no shard set there; build the digit scenes first with "
+                                    "`make ablate` (or the make-shards commands of `make demo`)")
+    ablations = select(args.only.split(",") if args.only else None)
+    settings = SweepSettings(args.train_shards, args.val_shards, args.work_dir, args.seeds, args.nproc,
+                             tuple(args.overrides))
+    results = run_sweep(settings, ablations, report=lambda line: print(line, flush=True))
+    command = "instcls ablate" + (f" --only {args.only}" if args.only else "") + f" --seeds {args.seeds}"
+    markdown, png = write(Sweep(settings, ablations, results, command), args.doc)
+    print(f"wrote {markdown} and {png}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="instcls", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     _add_train(commands)
     _add_eval(commands)
     _add_report(commands)
+    _add_ablate(commands)
     _add_plan(commands)
     _add_make_shards(commands)
     _add_validate_shards(commands)

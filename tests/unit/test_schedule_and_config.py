@@ -43,6 +43,7 @@ def test_shipped_configs_load():
         ("data: {train_shards: x, loader: {batchsize: 4}}", r"unknown field data.loader.batchsize; did you mean data.loader.batch_size\?"),
         ("data: {train_shards: x}\noptim: {base_lr: -1}", r"optim.base_lr=-1.0 is invalid: use a positive learning rate"),
         ("data: {train_shards: x}\nmodel: {arch: vgg16}", r"model.arch='vgg16' is invalid: choose one of"),
+        ("data: {train_shards: x}\nmodel: {head: conv}", r"model.head='conv' is invalid: choose one of \('mlp', 'linear'\)"),
         ("data: {train_shards: x}\noptim: {epochs: ten}", r"optim.epochs='ten' is invalid: expected an integer"),
         ("model: {arch: resnet18}", r"missing required field\(s\) data"),
         ("data: {train_shards: x, loader: {backend: nvidia}}", r"data.loader.backend='nvidia' is invalid: choose one of"),

@@ -1,4 +1,5 @@
-"""torchvision ResNets with a 2-layer MLP head to the classifier's feature width.
+"""torchvision ResNets with a 2-layer MLP head (or, for the paper's Table 2 ablation, a linear
+one) to the classifier's feature width.
 
 ``small_input_stem`` swaps the 7x7/2 convolution + max-pool for a 3x3/1 convolution, the usual
 choice for 32-pixel images (the CPU demo); at 224 pixels keep the standard stem.
@@ -13,6 +14,7 @@ import torchvision
 from torch import nn
 
 ARCHITECTURES = ("resnet10", "resnet18", "resnet34", "resnet50", "resnet101")
+HEADS = ("mlp", "linear")
 
 
 @dataclass(frozen=True)
@@ -22,18 +24,23 @@ class ModelConfig:
         ``resnet10`` is torchvision's ResNet with one basic block per stage: ResNet-18's widths at
         about 40% of its compute, for CPU demos.
     small_input_stem: 3x3 stride-1 first convolution and no max-pool, for ~32 px inputs.
+    head: "mlp" (linear, BatchNorm, ReLU, linear: the paper's) or "linear" (one linear layer, the
+        head the paper's Table 2 compares it with).
     head_hidden_dim: width of the MLP head's hidden layer (2048 in the paper).
     feature_dim: output width D of the head, the classifier's input (128 in the paper).
     """
 
     arch: str = "resnet50"
     small_input_stem: bool = False
+    head: str = "mlp"
     head_hidden_dim: int = 2048
     feature_dim: int = 128
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHITECTURES:
             raise ValueError(f"arch={self.arch!r} is invalid: choose one of {ARCHITECTURES}")
+        if self.head not in HEADS:
+            raise ValueError(f"head={self.head!r} is invalid: choose one of {HEADS}")
         if self.head_hidden_dim < 1 or self.feature_dim < 1:
             raise ValueError("head_hidden_dim and feature_dim must be positive")
 
@@ -45,12 +52,15 @@ class InstanceModel(nn.Module):
     def __init__(self, backbone: nn.Module, backbone_dim: int, config: ModelConfig) -> None:
         super().__init__()
         self.backbone = backbone
-        self.head = nn.Sequential(
-            nn.Linear(backbone_dim, config.head_hidden_dim),
-            nn.BatchNorm1d(config.head_hidden_dim),
-            nn.ReLU(inplace=True),
-            nn.Linear(config.head_hidden_dim, config.feature_dim),
-        )
+        if config.head == "linear":
+            self.head = nn.Linear(backbone_dim, config.feature_dim)
+        else:
+            self.head = nn.Sequential(
+                nn.Linear(backbone_dim, config.head_hidden_dim),
+                nn.BatchNorm1d(config.head_hidden_dim),
+                nn.ReLU(inplace=True),
+                nn.Linear(config.head_hidden_dim, config.feature_dim),
+            )
 
     def backbone_features(self, images: torch.Tensor) -> torch.Tensor:
         return self.backbone(images)
