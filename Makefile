@@ -36,7 +36,7 @@ test-all: $(INSTALLED) prometheus
 # in random colours on random flat colours (80% to train on, 20% held out), as WebDataset shards;
 # 24 epochs of the paper's method on 2 CPU ranks with kNN on the held-out split every 4 epochs;
 # then the summary table (trained vs random init, kNN and linear probe, images/s, peak memory)
-# and out/demo/run.png (loss, kNN per epoch, throughput, memory).
+# and out/demo/run.png (loss, kNN per epoch, the linear probe by share of labels, throughput, memory).
 DEMO := out/demo
 SCENES := --source digit-scenes --background flat --max-angle 0 --digit-size 0.6 0.8 --colour-mix 0.6 \
 	--renders-per-digit 1 --samples-per-shard 256

@@ -513,7 +513,7 @@ def _add_ablate(commands) -> None:
 def _run_ablate(args: argparse.Namespace) -> int:
     from trainer.ablations.catalogue import select
     from trainer.ablations.document import Sweep, write
-    from trainer.ablations.runner import SweepSettings, run_sweep
+    from trainer.ablations.runner import SweepSettings, repo_relative, run_sweep
 
     if args.seeds < 1:
         raise ValueError(f"--seeds {args.seeds} is invalid: use at least 1 (several, for a noise estimate)")
@@ -522,8 +522,8 @@ def _run_ablate(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"{split} {path}: no shard set there; build the digit scenes first with "
                                     "`make ablate` (or the make-shards commands of `make demo`)")
     ablations = select(args.only.split(",") if args.only else None)
-    settings = SweepSettings(args.train_shards, args.val_shards, args.work_dir, args.seeds, args.nproc,
-                             tuple(args.overrides))
+    settings = SweepSettings(repo_relative(args.train_shards), repo_relative(args.val_shards),
+                             repo_relative(args.work_dir), args.seeds, args.nproc, tuple(args.overrides))
     results = run_sweep(settings, ablations, report=lambda line: print(line, flush=True))
     command = "instcls ablate" + (f" --only {args.only}" if args.only else "") + f" --seeds {args.seeds}"
     markdown, png = write(Sweep(settings, ablations, results, command), args.doc)

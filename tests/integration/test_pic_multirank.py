@@ -120,6 +120,57 @@ def test_without_sampling_the_step_is_the_full_softmax():
     spawn_local_workers(_check_one_sampled_step, 2, "all")
 
 
+def _check_padded_step(co2_alpha: float):
+    """The last batch of an epoch pads with repeats of earlier ids (valid False).  With recent
+    negatives a repeat's own row is not among the sampled columns, so it has no target: it must
+    add nothing to the loss or any gradient (it once made the loss inf * 0 = NaN and stopped runs
+    in epoch order at the epoch's end)."""
+    dims = init_distributed()
+    objective = _objective(dims, N_SMALL, 0, prefetch=False, co2_alpha=co2_alpha)  # no queue: valid ids only
+    generator = np.random.default_rng(12)
+    ids = generator.choice(N_SMALL, BATCH_SMALL, replace=False)  # the padded ids appear nowhere else
+    valid = np.ones(BATCH_SMALL, dtype=bool)
+    valid[-2:] = False
+    features = torch.from_numpy(generator.normal(size=(2, BATCH_SMALL, DIM))).float()
+    world, local = dims.world_size, BATCH_SMALL // dims.world_size
+    mine = slice(dims.rank * local, (dims.rank + 1) * local)
+    views = [View(features[v, mine].clone().requires_grad_(), "global", v) for v in range(2)]
+    optimizer, = objective.optimizers()
+    set_lr(optimizer, 0.0)
+    batch = StepIndices(ids=ids.reshape(world, -1), valid=valid.reshape(world, -1))
+    step = StepViews(views, torch.from_numpy(ids[mine]), torch.from_numpy(valid[mine]), int(valid.sum()), 0, 0,
+                     global_batch=batch)
+    loss = objective.loss(step).loss
+    loss.backward()
+    objective.after_backward()
+    leaf_grad = optimizer.pending_leaf.grad.clone()
+    optimizer.step()
+
+    label = f"T={world} rank {dims.rank} co2_alpha={co2_alpha}"
+    assert torch.isfinite(loss) and all(torch.isfinite(v.features.grad).all() for v in views), label
+    for view in views:  # the padding repeats get no gradient at all
+        assert not view.features.grad[torch.from_numpy(~valid[mine])].any(), label
+    if co2_alpha == 0:  # the valid samples alone, against the reference over the valid ids' columns
+        weight = gaussian_rows(0, N_SMALL, DIM, INIT_STD, SEED).double().requires_grad_()
+        feats = features.double().clone().requires_grad_()
+        sampled = np.sort(ids[valid])
+        reference = _reference_sampled_loss(weight, feats[:, torch.from_numpy(valid)], ids[valid], sampled)
+        reference.backward()
+        torch.testing.assert_close(loss.detach().double(), reference.detach(), rtol=1e-6, atol=1e-6, msg=label)
+        for view in views:
+            torch.testing.assert_close(view.features.grad.double() / world, feats.grad[view.index, mine],
+                                       rtol=0, atol=1e-6, msg=label)
+        shard = objective.shard
+        owned = sampled[(sampled >= shard.class_start) & (sampled < shard.class_end)]
+        torch.testing.assert_close(leaf_grad.double(), weight.grad[torch.from_numpy(owned)], rtol=0, atol=1e-6,
+                                   msg=label)
+
+
+@pytest.mark.parametrize("co2_alpha", [0.0, 0.3])
+def test_padding_repeats_without_a_sampled_row_add_nothing(co2_alpha):
+    spawn_local_workers(_check_padded_step, 2, co2_alpha)
+
+
 # -- lazy correction against dense SGD across a checkpoint and two reshards ----------------------
 
 N_LONG, QUEUE_LONG, BATCH_LONG, STEPS = 48, 4, 4, 2400

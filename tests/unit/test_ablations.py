@@ -8,7 +8,8 @@ import torch
 
 from trainer.ablations.catalogue import ABLATIONS, PIC_OBJECTIVE, Ablation, Claim, Variant, select
 from trainer.ablations.document import Sweep, render, write
-from trainer.ablations.runner import RunResult, SweepSettings, resolved_config, write_checked_config
+from trainer.ablations.runner import RunResult, SweepSettings, repo_relative, resolved_config, write_checked_config
+from trainer.drills.jobs import REPO
 from trainer.ablations.verdict import NOT_MEASURED, REPRODUCES, REVERSED, WITHIN_NOISE, judge, summarise
 from trainer.config import ConfigError, load_job_config
 from trainer.models import ModelConfig, build_model
@@ -31,34 +32,40 @@ def test_every_shipped_variant_resolves_to_a_valid_config(tmp_path):
         assert {c.better for c in ablation.claims} | {c.worse for c in ablation.claims} <= {
             v.label for v in ablation.variants}, f"{ablation.name}: a claim names a variant that does not exist"
         for variant in ablation.variants:
-            config, _ = resolved_config(settings, ablation, variant, 0)
+            config, _ = resolved_config(settings, variant, 0)
             write_checked_config(config, tmp_path / "c.yaml", ablation, variant)
 
 
 def test_a_run_config_is_the_demo_with_the_variant_applied_last():
     init = select(["init"])[0]
-    gaussian, directory = resolved_config(SETTINGS, init, init.variant("Gaussian"), seed=3)
+    gaussian, directory = resolved_config(SETTINGS, init.variant("Gaussian"), seed=3)
     assert gaussian["objective"]["contrastive_prior"] is False
     assert gaussian["seed"] == 3 and gaussian["data"]["loader"]["seed"] == 3
     assert gaussian["logging"]["dir"] == str(directory / "logs") and directory.parent == Path("runs")
-    # The sweep's settings apply to every run; the ablation's and the variant's come after them.
+    # The sweep's settings apply to every run; the variant's come after them.
     co2 = select(["co2"])[0]
     settings = SweepSettings(Path("t"), Path("v"), Path("runs"), overrides=("objective.co2_alpha=0.1", "optim.epochs=1"))
-    assert resolved_config(settings, co2, co2.variant("alpha = 0.3"), 0)[0]["objective"]["co2_alpha"] == 0.3
-    assert resolved_config(settings, co2, co2.variant("alpha = 0"), 0)[0]["objective"]["co2_alpha"] == 0.0
-    assert resolved_config(settings, co2, co2.variant("alpha = 0"), 0)[0]["optim"]["epochs"] == 1
+    assert resolved_config(settings, co2.variant("alpha = 0.3"), 0)[0]["objective"]["co2_alpha"] == 0.3
+    assert resolved_config(settings, co2.variant("alpha = 0"), 0)[0]["objective"]["co2_alpha"] == 0.1
+    assert resolved_config(settings, co2.variant("alpha = 0"), 0)[0]["optim"]["epochs"] == 1
     # Another method replaces the demo's objective section wholesale.
     negatives = select(["negatives"])[0]
-    pic, _ = resolved_config(SETTINGS, negatives, negatives.variant("recent K=64"), 0)
+    pic, _ = resolved_config(SETTINGS, negatives.variant("recent K=64"), 0)
     assert pic["objective"] == dict(PIC_OBJECTIVE, queue_size=64)
 
 
 def test_a_bad_override_names_the_variant(tmp_path):
     bad = Ablation("bad", "t", "s", "p", (Variant("typo", ("objective.smothing_alpha=0.2",)),), ())
-    config, _ = resolved_config(SETTINGS, bad, bad.variants[0], 0)
+    config, _ = resolved_config(SETTINGS, bad.variants[0], 0)
     with pytest.raises(ConfigError, match=r"ablation bad, variant 'typo': .*unknown field objective.smothing_alpha; "
                                           r"did you mean objective.smoothing_alpha"):
         write_checked_config(config, tmp_path / "c.yaml", bad, bad.variants[0])
+
+
+def test_paths_are_given_to_the_jobs_relative_to_the_checkout(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO / "configs")
+    assert repo_relative(Path("../out/ablate")) == Path("out/ablate")  # the jobs run in the checkout
+    assert repo_relative(tmp_path / "runs") == tmp_path / "runs"
 
 
 def test_unknown_ablation_names_the_choices():
@@ -69,14 +76,15 @@ def test_unknown_ablation_names_the_choices():
 def test_identical_variants_share_one_run_and_different_ones_do_not():
     def directory(name, label, seed=0):
         ablation = select([name])[0]
-        return resolved_config(SETTINGS, ablation, ablation.variant(label), seed)[1]
+        return resolved_config(SETTINGS, ablation.variant(label), seed)[1]
 
-    # The demo's recipe is the baseline of three ablations: it trains once per seed.
-    assert directory("init", "contrastive prior") == directory("head", "MLP head") == directory("smoothing", "none")
+    # The demo's recipe is the baseline of four ablations: it trains once per seed.
+    assert directory("init", "contrastive prior") == directory("head", "MLP head") == directory("smoothing", "none") \
+        == directory("co2", "alpha = 0")
     assert directory("init", "contrastive prior", seed=1) != directory("init", "contrastive prior")
     assert directory("negatives", "recent K=256") == directory("window", "sliding window")
     every = [directory(a.name, v.label) for a in ABLATIONS for v in a.variants]
-    assert len(set(every)) == len(every) - 3
+    assert len(set(every)) == len(every) - 4
 
 
 def test_summary_is_mean_and_sample_std_in_points():

@@ -18,7 +18,8 @@ def _write_logs(directory, ranks=2, finished=True):
         if rank == 0:
             records += [{"event": "eval", "epoch": 1, "final": False, "knn_trained": 0.25, "knn_random_init": 0.2},
                         {"event": "eval", "epoch": 2, "final": True, "knn_trained": 0.5, "knn_random_init": 0.2,
-                         "linear_trained": 0.625, "linear_random_init": 0.375}]
+                         "linear_trained": 0.625, "linear_random_init": 0.375,
+                         "linear_curve": {"0.1": 0.3125, "0.5": 0.5, "1.0": 0.625}}]
         if finished:
             records.append({"event": "summary", "objective": "instance", "epochs": 2, "steps": 10,
                             "seconds": 20.0, "images": 1000 * (rank + 1), "peak_memory_bytes": (512 + rank) * MIB,
@@ -32,6 +33,7 @@ def test_the_summary_adds_throughput_over_ranks_and_reports_the_final_evaluation
     assert rows["objective"] == "instance" and rows["epochs"] == "2"
     assert rows["kNN, trained"] == "50.00%" and rows["kNN, random init"] == "20.00%"  # the last eval, not the first
     assert rows["linear probe, trained"] == "62.50%" and rows["linear probe, random init"] == "37.50%"
+    assert rows["linear probe by share of labels"] == "10%: 31.25%, 50%: 50.00%, 100%: 62.50%"
     assert rows["images/s (all ranks)"] == "150.0"  # 1000/20 + 2000/20
     assert rows["peak memory per rank, MiB (RSS)"] == "512, 513"
 

@@ -111,7 +111,7 @@ def plot(sweep: Sweep, path: Path) -> Path:
     for axis in axes.flat[len(sweep.ablations):]:
         axis.set_visible(False)
     for axis, ablation in zip(axes.flat, sweep.ablations):
-        random_init = summarise([r.knn_random_init for r in sweep.of(ablation)]).mean
+        random_init = summarise([r.knn_random_init for r in sweep.of(ablation)]).mean  # the dashed line
         if ablation.curves:
             epochs = sweep.eval_epochs(ablation)
             for variant in ablation.variants:
@@ -127,7 +127,7 @@ def plot(sweep: Sweep, path: Path) -> Path:
             axis.bar(range(len(shown)), [s.mean for _, s in shown], yerr=[s.std for _, s in shown], capsize=4,
                      color="tab:blue")
             axis.set_xticks(range(len(shown)), [label for label, _ in shown], rotation=20, ha="right", fontsize=8)
-        axis.axhline(100 * random_init, color="grey", linestyle="--", linewidth=1)
+        axis.axhline(random_init, color="grey", linestyle="--", linewidth=1)  # points, like the bars
         axis.set_title(f"{ablation.name}: {ablation.source}", fontsize=9)
         axis.set_ylabel("kNN %")
     figure.tight_layout()

@@ -35,10 +35,11 @@ class SweepSettings:
     """Attributes:
     train_shards, val_shards: the digit scenes (unlabelled training split, labelled held-out split).
     work_dir: one directory per run under it.
+    (Relative paths are relative to the checkout, where the jobs run: ``repo_relative`` them.)
     seeds: runs per variant, seeds 0 .. seeds-1 (never chosen by outcome).
     nproc: CPU ranks per run.
     overrides: ``section.field=value`` settings for every run (after the sweep's own, before the
-        ablation's and the variant's), e.g. fewer steps for a smoke test.
+        variant's), e.g. fewer steps for a smoke test.
     """
 
     train_shards: Path
@@ -73,9 +74,17 @@ class RunResult:
         return cls(**data)
 
 
-def training_config(settings: SweepSettings, ablation: Ablation, variant: Variant, seed: int) -> dict:
-    """The demo's config with the variant's objective, the sweep's settings and the ablation's and
-    variant's overrides applied, in that order (later ones win); no output paths yet."""
+def repo_relative(path: Path) -> Path:
+    """``path`` (relative to the current directory) as the jobs see it: relative to the checkout
+    when inside it, so a run's config, and the hash that names it, do not depend on where the
+    checkout lives; absolute otherwise."""
+    path = path.resolve()
+    return path.relative_to(REPO) if path.is_relative_to(REPO) else path
+
+
+def training_config(settings: SweepSettings, variant: Variant, seed: int) -> dict:
+    """The demo's config with the variant's objective, the sweep's settings and the variant's
+    overrides applied, in that order (later ones win); no output paths yet."""
     data = yaml.safe_load(settings.base_config.read_text())
     if variant.objective is not None:
         data["objective"] = dict(variant.objective)
@@ -92,7 +101,7 @@ def training_config(settings: SweepSettings, ablation: Ablation, variant: Varian
         f"seed={seed}",
         f"data.loader.seed={seed}",  # the augmentations and the data order change with the seed too
     ]
-    return apply_overrides(data, [*sweep, *settings.overrides, *ablation.settings, *variant.overrides])
+    return apply_overrides(data, [*sweep, *settings.overrides, *variant.overrides])
 
 
 def run_dir(settings: SweepSettings, config: dict) -> Path:
@@ -100,10 +109,10 @@ def run_dir(settings: SweepSettings, config: dict) -> Path:
     return settings.work_dir / digest[:12]
 
 
-def resolved_config(settings: SweepSettings, ablation: Ablation, variant: Variant, seed: int) -> tuple[dict, Path]:
+def resolved_config(settings: SweepSettings, variant: Variant, seed: int) -> tuple[dict, Path]:
     """(the run's complete config, its directory): the training config plus where its checkpoints
     and logs go, inside the directory named by the training config's hash."""
-    config = training_config(settings, ablation, variant, seed)
+    config = training_config(settings, variant, seed)
     directory = run_dir(settings, config)
     paths = [f"checkpoint.dir={directory / 'checkpoints'}", f"logging.dir={directory / 'logs'}"]
     return apply_overrides(config, paths), directory
@@ -153,7 +162,8 @@ def measure(directory: Path, ablation: Ablation, variant: Variant, seed: int, co
 
 def run_one(settings: SweepSettings, ablation: Ablation, variant: Variant, seed: int) -> tuple[RunResult, bool]:
     """(result, whether it was already measured) of one variant at one seed."""
-    config, directory = resolved_config(settings, ablation, variant, seed)
+    config, configured = resolved_config(settings, variant, seed)
+    directory = REPO / configured  # jobs run in the checkout, where relative paths of the config point
     cached = cached_result(directory, config)
     if cached is not None:  # measured before, perhaps as another ablation's variant
         return dataclasses.replace(cached, ablation=ablation.name, variant=variant.label), True

@@ -26,6 +26,7 @@ from itertools import combinations
 import torch
 
 from trainer.classifier.chunk_workspace import ChunkWorkspace
+from trainer.classifier.losses import sum_over_valid
 from trainer.classifier.reductions import SampleColumns
 
 SUM_EXP = "co2_sum_exp"
@@ -274,4 +275,4 @@ def weighted_sum(per_sample: torch.Tensor, term: torch.Tensor, valid: torch.Tens
     number of valid columns (all views) this is the instance loss's mean plus alpha times the
     term's mean over the global views, so the caller's denominator serves both."""
     scale = alpha * settings.views / settings.global_views
-    return (per_sample * valid).sum() + scale * (term * valid).sum()
+    return sum_over_valid(per_sample, valid) + scale * sum_over_valid(term, valid)

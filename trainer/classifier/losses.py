@@ -52,6 +52,13 @@ class LogitGradient:
     target_coef: torch.Tensor  # [B, K+1], 0 where the target is not owned
 
 
+def sum_over_valid(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """The sum of per-sample ``values`` where ``valid`` (0/1 or bool) is set.  A ``where``, not a
+    product with the mask: a padding repeat whose own row the step does not score (PIC's sampled
+    softmax) has no target and an infinite loss, and inf * 0 is NaN.  Its gradient is 0 either way."""
+    return torch.where(valid.bool(), values, torch.zeros_like(values)).sum()
+
+
 def _paper_columns(targets: Targets) -> SampleColumns:
     # log sum_k y_k exp(z_k) over the owned targets; -inf where none is owned (or all have y = 0).
     weighted = torch.where(targets.owned, targets.weights * torch.exp(targets.logits), 0.0)

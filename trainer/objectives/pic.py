@@ -33,6 +33,7 @@ from trainer.classifier.kernel import (
     MAX_ABS_LOGIT, KernelSettings, sharded_cosine_ce, sharded_cosine_ce_with_consistency,
 )
 from trainer.classifier.lazy_sgd import LazyRowSGD
+from trainer.classifier.losses import sum_over_valid
 from trainer.classifier.module import gaussian_rows
 from trainer.classifier.recent_ids import RecentIds
 from trainer.classifier.row_store import STORE_KINDS, make_row_store
@@ -252,7 +253,7 @@ class PicObjective(Objective):
         if self.config.co2_alpha == 0:
             per_sample = sharded_cosine_ce(features, leaf, target_cols, ones, self.kernel_settings, self.group,
                                            self.comm_timer)
-            return LossOut((per_sample * valid).sum() * scale)
+            return LossOut(sum_over_valid(per_sample, valid) * scale)
         consistency = settings_for_views(self.config.co2_temperature, [view.kind for view in step.views])
         per_sample, term = sharded_cosine_ce_with_consistency(features, leaf, target_cols, ones, self.kernel_settings,
                                                               consistency, self.group, self.comm_timer)

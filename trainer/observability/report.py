@@ -1,5 +1,5 @@
 """A run at a glance, from its JSONL logs: the summary table the demo prints and a PNG of loss,
-kNN accuracy per epoch, throughput and memory per rank.
+kNN accuracy per epoch, the linear probe's learning curve, throughput and memory per rank.
 
 Everything is read back from ``logging.dir`` (one ``rank-NNNNN.jsonl`` per rank), so a report can
 be made of any run, finished or not, on any machine, after the fact.
@@ -43,9 +43,16 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.2f}%"
 
 
+def _curve_text(curve: dict[str, float] | None) -> str:
+    """{"0.1": 0.4, "1.0": 0.67} -> "10%: 40.00%, 100%: 67.00%" (labels used: accuracy)."""
+    if not curve:
+        return "-"
+    return ", ".join(f"{100 * float(fraction):g}%: {_percent(accuracy)}" for fraction, accuracy in curve.items())
+
+
 def summary_rows(logs: RunLogs) -> list[tuple[str, str]]:
-    """(field, value) rows: objective, epochs, kNN trained / random init, linear probe, images/s
-    (all ranks together) and peak memory per rank."""
+    """(field, value) rows: objective, epochs, kNN trained / random init, linear probe and its
+    learning curve, images/s (all ranks together) and peak memory per rank."""
     summaries = [s for rank in sorted(logs.by_rank) if (s := logs.last("summary", rank))]
     if not summaries:
         raise ValueError("the logs hold no run summary: the run has not finished (a summary is written at its end)")
@@ -60,6 +67,7 @@ def summary_rows(logs: RunLogs) -> list[tuple[str, str]]:
         ("kNN, random init", _percent(final.get("knn_random_init"))),
         ("linear probe, trained", _percent(final.get("linear_trained"))),
         ("linear probe, random init", _percent(final.get("linear_random_init"))),
+        ("linear probe by share of labels", _curve_text(final.get("linear_curve"))),
         ("images/s (all ranks)", f"{images_per_s:,.1f}"),
         (f"peak memory per rank, MiB ({kind})", peaks),
     ]
@@ -79,15 +87,29 @@ def _memory_bytes(step: dict) -> int:
     return readings["rss"] if "rss" in readings else readings["cuda_allocated"]
 
 
+def _plot_probe_curve(axis, final: dict | None) -> None:
+    """The linear probe's held-out accuracy against the share of labels it was fitted on, with the
+    random init's all-labels probe for scale."""
+    curve = (final or {}).get("linear_curve")
+    if curve:
+        axis.plot([100 * float(f) for f in curve], [100 * a for a in curve.values()], marker="o", label="trained")
+        axis.axhline(100 * final["linear_random_init"], linestyle="--", color="tab:orange",
+                     label="random init, all labels")
+        axis.legend()
+    axis.set(title="linear probe, held-out split", xlabel="% of training labels", ylabel="%")
+
+
 def plot_run(logs: RunLogs, path: Path) -> Path:
-    """Four panels: loss per step, kNN per epoch (trained and random init), images/s per log
-    window and memory per rank."""
+    """Five panels: loss per step, kNN per epoch (trained and random init), the linear probe's
+    learning curve, images/s per log window and memory per rank."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display in a container
     import matplotlib.pyplot as plt
 
-    figure, ((loss_axis, knn_axis), (speed_axis, memory_axis)) = plt.subplots(2, 2, figsize=(11, 7))
+    figure, ((loss_axis, knn_axis, probe_axis), (speed_axis, memory_axis, unused)) = plt.subplots(
+        2, 3, figsize=(15, 7))
+    unused.set_visible(False)
     steps = logs.events("step")
     loss_axis.plot([r["step"] for r in steps], [r["loss"] for r in steps], color="tab:blue")
     loss_axis.set(title="training loss (rank 0)", xlabel="step", ylabel="loss")
@@ -99,6 +121,7 @@ def plot_run(logs: RunLogs, path: Path) -> Path:
         knn_axis.plot(epochs, [100 * r["knn_random_init"] for r in evals], linestyle="--", label="random init")
         knn_axis.legend()
     knn_axis.set(title="kNN accuracy, held-out split", xlabel="epoch", ylabel="%")
+    _plot_probe_curve(probe_axis, logs.last("eval"))
 
     for rank in sorted(logs.by_rank):
         rank_steps = logs.events("step", rank)
