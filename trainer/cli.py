@@ -512,7 +512,7 @@ def _add_ablate(commands) -> None:
 
 def _run_ablate(args: argparse.Namespace) -> int:
     from trainer.ablations.catalogue import select
-    from trainer.ablations.document import Sweep, write
+    from trainer.ablations.document import Sweep, summary_table, verdicts_of, write
     from trainer.ablations.runner import SweepSettings, repo_relative, run_sweep
 
     if args.seeds < 1:
@@ -526,7 +526,9 @@ def _run_ablate(args: argparse.Namespace) -> int:
                              repo_relative(args.work_dir), args.seeds, args.nproc, tuple(args.overrides))
     results = run_sweep(settings, ablations, report=lambda line: print(line, flush=True))
     command = "instcls ablate" + (f" --only {args.only}" if args.only else "") + f" --seeds {args.seeds}"
-    markdown, png = write(Sweep(settings, ablations, results, command), args.doc)
+    sweep = Sweep(settings, ablations, results, command)
+    markdown, png = write(sweep, args.doc)
+    print("\n".join(summary_table(sweep, verdicts_of(sweep))))
     print(f"wrote {markdown} and {png}")
     return 0
 

@@ -12,7 +12,8 @@ import torch
 
 from trainer.drills.jobs import REPO, train_command
 
-__all__ = ["REPO", "train_command", "FAST", "run_train", "latest_checkpoint", "classifier_rows", "step_losses"]
+__all__ = ["REPO", "train_command", "FAST", "run_train", "latest_checkpoint", "classifier_rows", "step_losses",
+           "eval_knn"]
 
 
 FAST = ["data.loader.batch_size=64", "optim.epochs=4", "optim.warmup_epochs=1"]
@@ -56,3 +57,15 @@ def classifier_rows(checkpoint: Path) -> dict[str, torch.Tensor]:
 def step_losses(run_dir: Path) -> list[float]:
     lines = (run_dir / "logs" / "rank-00000.jsonl").read_text().splitlines()
     return [json.loads(line)["loss"] for line in lines if '"event": "step"' in line]
+
+
+def eval_knn(config: str, checkpoint: Path | str, shards, capsys) -> float:
+    """`instcls eval knn` of ``checkpoint`` (or "random-init") in this process, on ``shards``: the
+    accuracy in % it prints."""
+    from trainer.cli import main
+
+    settings = [f"data.train_shards={shards['train']}", f"data.eval_shards={shards['val']}"]
+    args = ["eval", "knn", "--config", str(REPO / "configs" / config), "--checkpoint", str(checkpoint)]
+    assert main(args + [item for s in settings for item in ("--set", s)]) == 0
+    out = capsys.readouterr().out
+    return float(out.split(f"kNN (k=20, cosine) accuracy of {checkpoint}: ")[1].split("%")[0])

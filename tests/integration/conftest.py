@@ -1,5 +1,9 @@
 """Fixtures of the training tests."""
 
+import re
+import shlex
+from pathlib import Path
+
 import pytest
 
 from data_pipeline.shards import ShardSettings, write_shards
@@ -13,4 +17,24 @@ def digits_split(tmp_path_factory):
     for split in ("train", "val"):
         write_shards(sklearn_digits(32, split=split), root / split, ShardSettings(prefix=split, samples_per_shard=256),
                      progress=False)
+    return {"train": root / "train", "val": root / "val"}
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def demo_scene_arguments() -> list[str]:
+    """The make-shards flags of the Makefile's SCENES, so the tests check exactly what `make demo` runs."""
+    makefile = (REPO / "Makefile").read_text().replace("\\\n", " ")
+    return shlex.split(re.search(r"^SCENES := (.+)$", makefile, re.M).group(1))
+
+
+@pytest.fixture(scope="session")
+def scene_shards(tmp_path_factory):
+    """The demo's digit scenes (train and held-out val), built as `make demo` builds them."""
+    from trainer.cli import main
+
+    root = tmp_path_factory.mktemp("scenes")
+    for split in ("train", "val"):
+        assert main(["make-shards", *demo_scene_arguments(), "--split", split, "--out", str(root / split)]) == 0
     return {"train": root / "train", "val": root / "val"}

@@ -32,6 +32,7 @@ def test_ablate_trains_each_variant_and_writes_what_it_measured(digits_split, tm
         # The document's row for this variant shows the accuracy its log holds.
         assert f"| {result['variant']} | {100 * final['knn_trained']:.2f} |" in text
     assert "| head | Paper 000, Table 2 | MLP head > linear head |" in text
+    assert "| head | Paper 000, Table 2 | MLP head > linear head |" in first.stdout  # the verdicts, printed too
     assert doc.with_suffix(".png").stat().st_size > 10_000
 
     # Asked again, nothing trains: both runs are read back and the document comes out the same.

@@ -2,28 +2,15 @@
 trained one at least 20 points more (issue 16's floor).  Slow: it is the whole demo, ~5 minutes."""
 
 import json
-import re
-import shlex
 
 import pytest
 
-from tests.helpers.training import REPO, run_train
-from trainer.cli import main
-
-
-def demo_scene_arguments() -> list[str]:
-    """The make-shards flags of the Makefile's SCENES, so this checks exactly what `make demo` runs."""
-    makefile = (REPO / "Makefile").read_text().replace("\\\n", " ")
-    return shlex.split(re.search(r"^SCENES := (.+)$", makefile, re.M).group(1))
+from tests.helpers.training import run_train
 
 
 @pytest.mark.slow
-def test_the_demo_beats_its_random_init_by_twenty_points_on_digit_scenes(tmp_path):
-    shards = {}
-    for split in ("train", "val"):
-        shards[split] = tmp_path / "shards" / split
-        assert main(["make-shards", *demo_scene_arguments(), "--split", split, "--out", str(shards[split])]) == 0
-    run_train(tmp_path / "run", shards, 2, ["eval.knn_at_end=true"], config="demo_cpu.yaml", timeout=900)
+def test_the_demo_beats_its_random_init_by_twenty_points_on_digit_scenes(scene_shards, tmp_path):
+    run_train(tmp_path / "run", scene_shards, 2, ["eval.knn_at_end=true"], config="demo_cpu.yaml", timeout=900)
     records = [json.loads(line) for line in (tmp_path / "run" / "logs" / "rank-00000.jsonl").read_text().splitlines()]
     final = [r for r in records if r["event"] == "eval"][-1]
     assert final["final"] and final["knn_random_init"] <= 0.5, final

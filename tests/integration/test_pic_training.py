@@ -6,13 +6,13 @@ import json
 import numpy as np
 import torch
 
-from tests.helpers.training import FAST, classifier_rows, latest_checkpoint, run_train
+from tests.helpers.training import FAST, classifier_rows, eval_knn, latest_checkpoint, run_train
 from tests.integration.test_training import assert_same_training_state
 
 PIC = "pic_demo_cpu.yaml"
 
 
-def test_pic_resumes_mid_window_from_a_disk_store_to_the_uninterrupted_state(digits_split, tmp_path):
+def test_pic_resumes_mid_window_from_a_disk_store_to_the_uninterrupted_state(digits_split, tmp_path, capsys):
     """Saving brings every row up to date (so the checkpoint holds W itself), which rounds the rows
     as an uninterrupted run does only with the same checkpoint cadence: both save every 7 steps."""
     interrupted, uninterrupted = tmp_path / "interrupted", tmp_path / "uninterrupted"
@@ -37,3 +37,5 @@ def test_pic_resumes_mid_window_from_a_disk_store_to_the_uninterrupted_state(dig
     rows = classifier_rows(resumed)
     assert rows["weight"].shape == (1438, 128) and torch.isfinite(rows["weight"]).all()
     assert np.unique(recent["ids"].numpy()).size < 256  # the window revisits ids within 2 steps
+    # `instcls eval` scores a PIC checkpoint as any other: only the backbone is read.
+    assert 10 < eval_knn(PIC, resumed, digits_split, capsys) <= 100

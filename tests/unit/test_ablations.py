@@ -6,7 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.ablations.catalogue import ABLATIONS, PIC_OBJECTIVE, Ablation, Claim, Variant, select
+import yaml
+
+from trainer.ablations.catalogue import (
+    ABLATIONS, MULTI_CROP, PIC_OBJECTIVE, SWAV_LR, SWAV_OBJECTIVE, Ablation, Claim, Variant, select,
+)
 from trainer.ablations.document import Sweep, render, write
 from trainer.ablations.runner import RunResult, SweepSettings, repo_relative, resolved_config, write_checked_config
 from trainer.drills.jobs import REPO
@@ -152,3 +156,11 @@ def test_linear_head_is_one_layer_to_the_feature_width():
 def test_demo_config_is_the_base_of_every_run():
     config = load_job_config(SETTINGS.base_config)
     assert config.objective.name == "instance" and config.model.head == "mlp"
+
+
+def test_pic_and_swav_ablations_measure_the_shipped_demo_configs_objectives():
+    pic = yaml.safe_load((REPO / "configs" / "pic_demo_cpu.yaml").read_text())
+    swav = yaml.safe_load((REPO / "configs" / "swav_demo_cpu.yaml").read_text())
+    assert pic["objective"] == PIC_OBJECTIVE and swav["objective"] == SWAV_OBJECTIVE
+    assert SWAV_LR == f"optim.base_lr={swav['optim']['base_lr']}"
+    assert f"data.loader.augment.small_crops={swav['data']['loader']['augment']['small_crops']}" in MULTI_CROP

@@ -23,8 +23,8 @@ EARLY_EPOCH = 4  # Table 4's "early": 40% of the run
 # The scenes have ~144 training images per digit, so the same share is K ~ 10.
 SCALED_TOP_K = 10
 
-# PIC and SwAV on the scenes: the demo's data, backbone and colour recipe with their own objective
-# section (their demo configs' settings on the plain digits).
+# PIC and SwAV on the scenes: the demo's data, backbone and colour recipe with the objective
+# sections of configs/pic_demo_cpu.yaml and configs/swav_demo_cpu.yaml (a test keeps them equal).
 PIC_OBJECTIVE = {"name": "pic", "temperature": 0.2, "chunk_size": 4096, "negatives": "recent",
                  "queue_size": 256, "row_store": "host"}
 SLIDING_WINDOW = "data.loader.sampler.kind=sliding_window"
@@ -33,8 +33,8 @@ SWAV_OBJECTIVE = {"name": "swav", "num_prototypes": 300, "temperature": 0.1, "ep
                   "sinkhorn_iterations": 3, "freeze_prototypes_steps": 22, "queue_length": 512,
                   "queue_start_epoch": 2}
 SWAV_LR = "optim.base_lr=0.1"  # plain SGD without LARS: the demo's 0.48 collapses SwAV's codes
-# Two small crops, not the paper's six: on one CPU core each DALI's crops dominate the step (four
-# small crops made an epoch 2.6x longer).
+# Two small crops, not the paper's six: with one CPU core per rank, DALI's crops dominate the step
+# (four small crops made an epoch 2.6x longer).
 MULTI_CROP = ("data.loader.augment.small_crops=2", "data.loader.augment.small_size=16",
               "data.loader.augment.small_scale=[0.25, 0.5]")
 
@@ -140,7 +140,7 @@ ABLATIONS: tuple[Ablation, ...] = (
             Variant("recent K=64", ("objective.queue_size=64", SLIDING_WINDOW), PIC_OBJECTIVE),
         ),
         claims=(Claim("beats", "all negatives", "recent K=256"), Claim("beats", "all negatives", "recent K=64")),
-        note="N = 1,437 training scenes, so K = 256 is 18% of N (the paper: 65,536 of 1.28M, 5%).",
+        note="N = 1,438 training scenes, so K = 256 is 18% of N (the paper: 65,536 of 1.28M, 5%).",
     ),
     Ablation(
         name="window",

@@ -59,8 +59,12 @@ def summary_table(sweep: Sweep, verdicts: dict[str, list[Verdict]]) -> list[str]
     return lines
 
 
+def verdicts_of(sweep: Sweep) -> dict[str, list[Verdict]]:
+    return {a.name: [judge(claim, a, sweep.results) for claim in a.claims] for a in sweep.ablations}
+
+
 def render(sweep: Sweep, png_name: str) -> str:
-    verdicts = {a.name: [judge(claim, a, sweep.results) for claim in a.claims] for a in sweep.ablations}
+    verdicts = verdicts_of(sweep)
     random_init = summarise([r.knn_random_init for r in sweep.results])
     runs = {r.run: r for r in sweep.results}  # identical variants of several ablations are one run
     minutes = sum(r.wall_seconds for r in runs.values()) / 60

@@ -288,7 +288,8 @@ class Trainer:
                          global_valid=batch.global_valid, epoch=epoch, step=self.state.global_step,
                          validate=validate, global_batch=sampler.step(epoch, batch.step),
                          next_global_batch=self._next_global_batch(epoch, batch.step))
-        loss = self.objective.loss(step).loss
+        out = self.objective.loss(step)
+        loss = out.loss
         self.engine.backward(loss)
         fail_point("train.after_backward", self.state.global_step + 1)  # the fault drills' node loss mid-step
         self.engine.step()
@@ -297,7 +298,7 @@ class Trainer:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         self.nonfinite.observe(loss)
-        return loss.detach()
+        return (loss if out.reported is None else out.reported).detach()
 
     def _next_global_batch(self, epoch: int, step_in_epoch: int):
         """The sampler's next step after ``(epoch, step_in_epoch)``, or None at the end of the run."""

@@ -132,6 +132,9 @@ class StepViews:
 @dataclass
 class LossOut:
     loss: torch.Tensor  # scalar; the trainer runs the engine's backward through it
+    # The step's loss over all ranks, to log instead of ``loss`` when ``loss`` is only this rank's
+    # share of it (set on log steps, where computing it may sync); None: ``loss`` is that already.
+    reported: torch.Tensor | None = None
 
 
 @dataclass

@@ -152,8 +152,8 @@ class SwavObjective(Objective):
         # Gradients are averaged over the ranks: each rank's share of the global valid mean.
         denominator = (global_valid / dims.world_size) if global_valid else valid.sum().clamp_min(1.0)
         loss = (per_sample * valid).sum() / denominator
-        if step.validate:
-            self._observe(loss, codes[code_views[0]], step.valid)
+        if step.validate:  # a log step: the global loss is logged, not this rank's share
+            return LossOut(loss, reported=self._observe(loss, codes[code_views[0]], step.valid))
         return LossOut(loss)
 
     def _codes(self, view: int, scores, features, valid, global_valid, code_views) -> torch.Tensor:
@@ -197,8 +197,9 @@ class SwavObjective(Objective):
     # -- observability ---------------------------------------------------------------------------
 
     @torch.no_grad()
-    def _observe(self, loss: torch.Tensor, codes: torch.Tensor, valid: torch.Tensor) -> None:
-        """On log steps (a host sync is allowed there): code statistics and the collapse watch."""
+    def _observe(self, loss: torch.Tensor, codes: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """On log steps (a host sync is allowed there): code statistics and the collapse watch.
+        Returns the step's loss over all ranks."""
         dims = self.context.dims
         used = torch.zeros(codes.shape[1], device=codes.device)
         used[codes[valid].argmax(dim=1)] = 1.0
@@ -222,6 +223,7 @@ class SwavObjective(Objective):
                       "feature dimension, lower the learning rate, use a queue (objective.queue_length) for "
                       f"small batches, or lower objective.epsilon (now {self.config.epsilon}) for sharper codes.",
                       file=sys.stderr)
+        return stats[-1]
 
     def metrics(self) -> dict[str, float]:
         metrics = {"comm_seconds": self.comm_timer.drain(),
