@@ -8,8 +8,9 @@ import json
 import pytest
 import torch
 
-from tests.helpers.training import FAST, eval_knn, latest_checkpoint, run_train
+from tests.helpers.training import FAST, eval_knn, latest_checkpoint, run_train, step_losses
 from tests.integration.test_training import assert_same_training_state
+from trainer.observability.report import RunLogs
 
 SWAV = "swav_demo_cpu.yaml"
 
@@ -61,9 +62,8 @@ def test_swav_with_multi_crop_learns_on_the_digit_scenes(scene_shards, tmp_path)
     115 and 230 here; it was once rank 0's share, twice the mean)."""
     run_train(tmp_path, scene_shards, 2, ["eval.knn_at_end=true", "optim.epochs=10", "eval.every_epochs=0"],
               config=SWAV, timeout=900)
-    records = [json.loads(line) for line in (tmp_path / "logs" / "rank-00000.jsonl").read_text().splitlines()]
-    losses = [r["loss"] for r in records if r["event"] == "step"]
-    final = [r for r in records if r["event"] == "eval"][-1]
+    losses = step_losses(tmp_path)
+    final = RunLogs.read(tmp_path / "logs").last("eval")
     assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10, losses
     assert max(losses[10:]) < 1.2 * min(losses[10:]), losses
     assert final["knn_trained"] >= final["knn_random_init"] + 0.05, final

@@ -142,7 +142,7 @@ def measure(directory: Path, ablation: Ablation, variant: Variant, seed: int, co
     """Read a finished run's results back from its rank-0 log."""
     logs = RunLogs.read(directory / "logs")
     evals = logs.events("eval")
-    summaries = [s for rank in sorted(logs.by_rank) if (s := logs.last("summary", rank))]
+    summaries = logs.summaries()
     if not evals or not summaries:
         raise RuntimeError(f"{directory / 'logs'}: the run finished without an evaluation or a summary")
     return RunResult(
@@ -154,7 +154,7 @@ def measure(directory: Path, ablation: Ablation, variant: Variant, seed: int, co
         knn_final=evals[-1]["knn_trained"],
         knn_random_init=evals[-1]["knn_random_init"],
         epochs=summaries[0]["epochs"],
-        images_per_s=sum(s["images"] / s["seconds"] for s in summaries if s["seconds"] > 0),
+        images_per_s=logs.images_per_second(),
         wall_seconds=round(wall_seconds, 1),
         config=config,
     )

@@ -38,6 +38,14 @@ class RunLogs:
         found = self.events(kind, rank)
         return found[-1] if found else None
 
+    def summaries(self) -> list[dict]:
+        """Each rank's end-of-run summary, by rank (none before the run finished)."""
+        return [s for rank in sorted(self.by_rank) if (s := self.last("summary", rank))]
+
+    def images_per_second(self) -> float:
+        """Training throughput of all ranks together, from their summaries."""
+        return sum(s["images"] / s["seconds"] for s in self.summaries() if s["seconds"] > 0)
+
 
 def _percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.2f}%"
@@ -53,11 +61,10 @@ def _curve_text(curve: dict[str, float] | None) -> str:
 def summary_rows(logs: RunLogs) -> list[tuple[str, str]]:
     """(field, value) rows: objective, epochs, kNN trained / random init, linear probe and its
     learning curve, images/s (all ranks together) and peak memory per rank."""
-    summaries = [s for rank in sorted(logs.by_rank) if (s := logs.last("summary", rank))]
+    summaries = logs.summaries()
     if not summaries:
         raise ValueError("the logs hold no run summary: the run has not finished (a summary is written at its end)")
     final = logs.last("eval") or {}
-    images_per_s = sum(s["images"] / s["seconds"] for s in summaries if s["seconds"] > 0)
     peaks = ", ".join(f"{s['peak_memory_bytes'] / MIB:,.0f}" for s in summaries)
     kind = "CUDA max allocated" if summaries[0]["peak_memory_kind"].startswith("cuda") else "RSS"
     return [
@@ -68,7 +75,7 @@ def summary_rows(logs: RunLogs) -> list[tuple[str, str]]:
         ("linear probe, trained", _percent(final.get("linear_trained"))),
         ("linear probe, random init", _percent(final.get("linear_random_init"))),
         ("linear probe by share of labels", _curve_text(final.get("linear_curve"))),
-        ("images/s (all ranks)", f"{images_per_s:,.1f}"),
+        ("images/s (all ranks)", f"{logs.images_per_second():,.1f}"),
         (f"peak memory per rank, MiB ({kind})", peaks),
     ]
 
