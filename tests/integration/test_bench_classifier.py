@@ -82,5 +82,7 @@ def test_co2_bench_times_both_losses_and_counts_the_same_collectives(tmp_path, c
         assert 0 < summary["step_s"][name] < 60
     # Both all-gathers (ids, features), MAX, SUM, and the features' reduce-scatter in the backward.
     assert summary["collectives_per_step"] == {"plain": 5, "co2": 5} and summary["collectives_unchanged"]
-    assert summary["overhead"] == pytest.approx(summary["step_s"]["co2"] / summary["step_s"]["plain"] - 1)
-    assert "collectives unchanged" in capsys.readouterr().out
+    # A median of per-step ratios: finite, and a slowdown or speed-up of less than 100x here.
+    assert math.isfinite(summary["overhead"]) and -0.99 < summary["overhead"] < 100
+    report = capsys.readouterr().out
+    assert "collectives unchanged" in report and f"{100 * summary['overhead']:+.1f}% step time" in report

@@ -106,3 +106,50 @@ def test_settings_refuse_what_cannot_work():
                                        single_process_dims())
     with pytest.raises(ValueError, match="num_views: 2"):
         one_view(torch.randn(2, DIM), torch.tensor([0, 1]))
+
+
+def _term_and_grads(compiled: bool, kernel_temperature: float, views: list[str]):
+    """Loss, term and both gradients of one step with the term's chunk math compiled or eager."""
+    generator = torch.Generator().manual_seed(4)
+    images, rows = 3, 11  # chunk 4 does not divide the 11 rows
+    features = F.normalize(torch.randn(len(views) * images, DIM, generator=generator), dim=1).requires_grad_()
+    weight = torch.randn(rows, DIM, generator=generator).requires_grad_()
+    targets = torch.tensor([7, 0, 3]).repeat(len(views))[:, None]
+    settings = KernelSettings(temperature=kernel_temperature, chunk_size=4)
+    consistency = settings_for_views(0.05, views, compiled=compiled)
+    loss, term = sharded_cosine_ce_with_consistency(features, weight, targets, torch.ones(len(targets), 1), settings,
+                                                    consistency, None)
+    upstream = torch.rand(len(targets), generator=generator)
+    (loss.sum() + (term * upstream).sum()).backward()
+    return loss, term, features.grad, weight.grad
+
+
+@pytest.mark.parametrize("kernel_temperature", [0.15, 0.12])  # tau / tau_con = 3 (the power path), 2.4 (exp2)
+def test_compiled_chunk_math_equals_the_same_code_run_eagerly(kernel_temperature):
+    views = ["global", "global", "small"]  # a small crop: its columns take the kernel's part only
+    eager = _term_and_grads(False, kernel_temperature, views)
+    compiled = _term_and_grads(True, kernel_temperature, views)
+    from trainer.classifier import consistency
+
+    assert eager[1].abs().max() > 1e-3  # the term is not zero
+    assert not consistency._fused_add_chunk_sums.fell_back and not consistency._fused_grad_logits.fell_back
+    for got, want in zip(compiled, eager):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+def test_a_failed_compile_runs_the_function_eagerly_with_a_warning(monkeypatch, caplog):
+    from trainer.classifier import fusion
+
+    def broken_compile(fn, **kwargs):
+        def compiled(*args):
+            raise RuntimeError("no C++ compiler found")
+        return compiled
+
+    monkeypatch.setattr(fusion.torch, "compile", broken_compile)
+    doubled = fusion.fused(lambda x: x * 2)
+    with caplog.at_level("WARNING", logger=fusion.__name__):
+        assert torch.equal(doubled(torch.ones(3)), torch.full((3,), 2.0))
+    assert "no C++ compiler found" in caplog.text and "eagerly" in caplog.text
+    caplog.clear()
+    assert torch.equal(doubled(torch.ones(2)), torch.full((2,), 2.0))  # eager from then on, warned once
+    assert caplog.text == ""

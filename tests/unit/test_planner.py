@@ -77,8 +77,10 @@ def test_pic_rows_off_the_device_make_device_memory_independent_of_n():
 
 
 @pytest.mark.parametrize("cached", [False, True])
-def test_co2_scratch_is_what_the_fused_backward_allocates(monkeypatch, cached):
-    """Counts the chunk buffers the real kernel allocates with and without the term."""
+def test_co2_term_adds_no_workspace_buffers_and_plans_one_chunk_block(monkeypatch, cached):
+    """Counts the chunk buffers the real kernel allocates with and without the term: the fused term
+    reuses the kernel's buffers (its backward overwrites the logits with dL/dz), so its only chunk
+    memory is the one stacked [chunk, columns] block inductor writes before that copy."""
     import torch
 
     from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
@@ -106,12 +108,8 @@ def test_co2_scratch_is_what_the_fused_backward_allocates(monkeypatch, cached):
         classifier(features, torch.arange(batch).repeat(2), view_kinds=["global", "global"]).backward()
         return sum(allocated)
 
-    measured = workspace_bytes(0.3) - workspace_bytes(0.0)
+    assert workspace_bytes(0.3) == workspace_bytes(0.0) > 0
     plan = PlanInput(mode="dhp", num_classes=num_classes, ranks=1, batch=batch, dim=16, chunk_size=chunk,
                      logits_cache_bytes=cache_bytes, device="cpu", co2=True)
-    predicted = predict(plan)["CO2 term (chunk scratch)"]
-    # The forward's own blocks (difference, products; with the cache holding logits, the exp(z)
-    # buffer) are freed before the backward allocates its, so they are not part of the peak.
-    forward_blocks = (1 + 2 + (2 if cached else 0)) * batch * chunk * 4
-    assert measured == predicted + forward_blocks
+    assert predict(plan)["CO2 term (chunk scratch)"] == 2 * batch * chunk * 4
     assert predict(replace(plan, co2=False))["CO2 term (chunk scratch)"] == 0

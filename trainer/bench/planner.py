@@ -63,15 +63,11 @@ def _element_size(dtype: str) -> int:
     return torch.empty((), dtype=getattr(torch, dtype)).element_size()
 
 
-def co2_scratch(plan: PlanInput, scored: int, chunk: int, logits_cached: bool) -> int:
-    """The backward's extra ``[chunk, columns]`` fp32 blocks of CO2's term
-    (``trainer.classifier.consistency``): the unshifted logits (unless the cache holds them), the
-    term's ``exp(s)`` of the 2 global views, their difference and a pair-sized work block."""
-    if not plan.co2:
-        return 0
-    columns_per_view = scored // plan.views
-    blocks = (0 if logits_cached else plan.views) + 2 + 1 + 2  # in units of one view's columns
-    return blocks * columns_per_view * chunk * 4
+def co2_scratch(plan: PlanInput, scored: int, chunk: int) -> int:
+    """CO2's term (``trainer.classifier.consistency``) reuses the kernel's chunk buffers; its fused
+    backward writes a chunk's ``dL/dz`` into one fresh ``[chunk, columns]`` fp32 block before copying
+    it over the logits (inductor does not overwrite an input it reads across views in place)."""
+    return scored * chunk * 4 if plan.co2 else 0
 
 
 def pic_breakdown(plan: PlanInput) -> dict[str, int]:
@@ -91,7 +87,7 @@ def pic_breakdown(plan: PlanInput) -> dict[str, int]:
         "classifier momentum": shard if on_device and plan.momentum else 0,
         "sampled rows (W, momentum, gradient)": 3 * sampled * plan.dim * 4,
         "logits/activations (chunk workspace)": workspace,
-        "CO2 term (chunk scratch)": co2_scratch(plan, scored, chunk, logits_cached=False),
+        "CO2 term (chunk scratch)": co2_scratch(plan, scored, chunk),
     }
 
 
@@ -113,7 +109,7 @@ def classifier_breakdown(plan: PlanInput) -> dict[str, int]:
         "classifier momentum": shard if plan.momentum else 0,
         "logits/activations (chunk workspace)": workspace,
         "logits cache": cache if cached else 0,
-        "CO2 term (chunk scratch)": co2_scratch(plan, scored, chunk, logits_cached=cached),
+        "CO2 term (chunk scratch)": co2_scratch(plan, scored, chunk),
     }
 
 

@@ -11,6 +11,12 @@ columns of the kernel's SUM all-reduce (no extra collective).  The gradient per 
 ``dL/ds_a,j = (P_j (1 + d_j - E_P[d]) - Q_j) / 2`` and ``dL/ds_b,j = (Q_j (1 - d_j + E_Q[d]) - P_j) / 2``,
 is added to the chunk's ``dL/dz`` (times ``tau / tau_con``) before the backward's two matmuls.
 
+One pass per chunk: the forward's sums (the kernel's own ``sum exp(z)`` included) and the
+backward's ``dL/dz`` are each one function over the chunk's logits, which ``trainer.classifier.fusion``
+compiles into a single loop; eager PyTorch would read the chunk once per op (~25 passes).  Every
+value is indexed by (row, rank, sample) with the views as separate tensors, so all of a chunk's
+reductions share one iteration space and inductor fuses them.
+
 Layout: the kernel's batch is the group's features in all-gather order, ``[ranks, views, b]``;
 the first ``global_views`` views take part (small crops do not: their similarity profile over the
 rows is not the one a large view should agree with).  With more than two global views every pair
@@ -25,7 +31,7 @@ from itertools import combinations
 
 import torch
 
-from trainer.classifier.chunk_workspace import ChunkWorkspace
+from trainer.classifier.fusion import fused
 from trainer.classifier.losses import sum_over_valid
 from trainer.classifier.reductions import SampleColumns
 
@@ -39,11 +45,12 @@ def _pair_column(pair: int) -> str:
 @dataclass(frozen=True)
 class ConsistencySettings:
     """``temperature``: tau_con; ``views``: views per sample in the batch; ``global_views``: the
-    first ones, which take part."""
+    first ones, which take part; ``compiled``: fuse each chunk's math with ``torch.compile``."""
 
     temperature: float = 0.05
     views: int = 2
     global_views: int = 2
+    compiled: bool = True
 
     def __post_init__(self) -> None:
         if not 2 <= self.global_views <= self.views:
@@ -51,130 +58,167 @@ class ConsistencySettings:
                              f"{self.views} views)")
 
     @property
-    def pairs(self) -> list[tuple[int, int]]:
-        return list(combinations(range(self.global_views), 2))
+    def pairs(self) -> tuple[tuple[int, int], ...]:
+        return tuple(combinations(range(self.global_views), 2))
 
 
-class _Layout:
-    """Views of ``[rows, B]`` chunks (and ``[B]`` columns) as ``[rows, ranks, views, b]``."""
+@dataclass(frozen=True)
+class _ChunkMath:
+    """What the per-chunk functions need besides tensors (plain values, fixed for a step)."""
 
-    def __init__(self, settings: ConsistencySettings, batch: int, ranks: int) -> None:
+    grid: tuple[int, int, int]  # (ranks, views, b): the batch's layout
+    global_views: int
+    pairs: tuple[tuple[int, int], ...]
+    ratio: float  # tau / tau_con: s (base 2) = ratio * z (base 2)
+    power: int | None  # ratio when it is 2, 3 or 4: exp(s) = exp(z) ** power, no second exp2
+
+    @classmethod
+    def of(cls, settings: ConsistencySettings, kernel_temperature: float, batch: int, ranks: int) -> _ChunkMath:
         if batch % (ranks * settings.views):
             raise ValueError(f"a batch of {batch} rows is not {ranks} ranks x {settings.views} views of equal "
                              "local batches")
-        self.ranks, self.views, self.local = ranks, settings.views, batch // (ranks * settings.views)
-        self.global_views = settings.global_views
-        self._columns: tuple[torch.Tensor, ...] | None = None  # (rank, view, sample) index of each global column
+        ratio = kernel_temperature / settings.temperature
+        nearest = round(ratio)
+        # No overflow from the power: |ratio * z| = |s| <= 1/tau_con <= 50.
+        power = nearest if nearest in (2, 3, 4) and abs(ratio - nearest) < 1e-9 else None
+        grid = (ranks, settings.views, batch // (ranks * settings.views))
+        return cls(grid, settings.global_views, settings.pairs, ratio, power)
 
-    def grid(self, chunk: torch.Tensor) -> torch.Tensor:
-        return chunk.view(*chunk.shape[:-1], self.ranks, self.views, self.local)
+    def term_exps(self, logits: torch.Tensor, exps: torch.Tensor) -> torch.Tensor:
+        """``exp(s)`` from a view's base-2 logits and their ``exp2``."""
+        if self.power is None:
+            return torch.exp2(logits * self.ratio)
+        result = exps
+        for _ in range(self.power - 1):
+            result = result * exps
+        return result
 
-    def global_part(self, chunk: torch.Tensor) -> torch.Tensor:
-        return self.grid(chunk)[..., : self.global_views, :]
+    def own_positions(self, own_row: torch.Tensor, own_inside: torch.Tensor) -> torch.Tensor:
+        """``[ranks, views, b]`` float position of each column's own row in the chunk, -1 where it is
+        elsewhere.  Computed before the fused function: int64 selects inside its loop do not
+        vectorise, and a float compare does."""
+        return torch.where(own_inside, own_row, -1).float().view(self.grid)
 
-    def exclude_own_rows(self, values: torch.Tensor, own_row: torch.Tensor, own_inside: torch.Tensor) -> None:
-        """Zero each global column's entry at its own instance's row when that row is in the chunk.
-
-        ``values``: ``[rows, ranks, global_views, b]`` (any strides); ``own_row``/``own_inside``: the
-        ``[B]`` position of each column's own row in the chunk and whether it is there."""
-        if self._columns is None or self._columns[0].device != values.device:
-            shape = (self.ranks, self.global_views, self.local)
-            self._columns = torch.meshgrid(*(torch.arange(n, device=values.device) for n in shape), indexing="ij")
-        index = (self.global_part(own_row), *self._columns)
-        values[index] = torch.where(self.global_part(own_inside), 0.0, values[index])
-
-
-def _pair(block: torch.Tensor, a: int, b: int) -> torch.Tensor:
-    """Views a and b (a < b) of a ``[rows, ranks, views, b]`` block as one ``[rows, ranks, 2, b]``
-    view: elementwise work on a pair runs as one pass (the whole block when there are 2 views)."""
-    return block[:, :, a : b + 1 : b - a]
-
-
-def _integer_power(ratio: float) -> int | None:
-    """``ratio`` when it is 2, 3 or 4 (tau 0.15 or 0.2 over tau_con 0.05): ``exp(s) = exp(z)^ratio``
-    is then a cheap power of the exponentials the kernel computes anyway, not another ``exp2`` pass.
-    No overflow: ``|ratio * z| = |s| <= 1/tau_con <= 50``."""
-    nearest = round(ratio)
-    return nearest if nearest in (2, 3, 4) and abs(ratio - nearest) < 1e-9 else None
+    @staticmethod
+    def without_own_rows(values: torch.Tensor, own_position: torch.Tensor) -> torch.Tensor:
+        """``values`` ``[rows, ranks, b]`` with each column's own row (``own_position`` ``[ranks, b]``) zeroed."""
+        position = torch.arange(values.shape[0], device=values.device, dtype=torch.float32)[:, None, None]
+        return torch.where(position == own_position[None], 0.0, values)
 
 
-def _power(values: torch.Tensor, power: int, out: torch.Tensor) -> torch.Tensor:
-    if power == 4:  # torch's pow has fast paths for 2 and 3 only
-        return torch.square(values, out=out).square_()
-    return torch.pow(values, power, out=out)
+def _add_chunk_sums(kernel_sum: torch.Tensor, sum_exp: torch.Tensor, expect: torch.Tensor, logits: torch.Tensor,
+                    own: torch.Tensor, math_: _ChunkMath) -> None:
+    """Adds one chunk's sums: the kernel's own ``sum_j exp(z)`` of every column (``[B]``) and the
+    term's ``S`` (``[ranks, G, b]``) and ``U`` under each view of each pair (``[pairs, 2, ranks, b]``,
+    base-2 ``d``)."""
+    rows = logits.shape[0]
+    grid = logits.view(rows, *math_.grid)
+    kernel_sums, term_sums, term_exps = [], [], []
+    for view in range(math_.global_views):
+        exps = torch.exp2(grid[:, :, view])
+        kernel_sums.append(exps.sum(0))
+        term = math_.without_own_rows(math_.term_exps(grid[:, :, view], exps), own[:, view])
+        term_exps.append(term)
+        term_sums.append(term.sum(0))
+    expectations = []
+    for a, b in math_.pairs:
+        difference = grid[:, :, a] - grid[:, :, b]
+        expectations.append(torch.stack([(term_exps[a] * difference).sum(0), (term_exps[b] * difference).sum(0)]))
+    chunk_kernel_sum = torch.stack(kernel_sums, dim=1)
+    if math_.global_views < math_.grid[1]:  # small crops: the kernel's sum only
+        chunk_kernel_sum = torch.cat([chunk_kernel_sum, torch.exp2(grid[:, :, math_.global_views:]).sum(0)], dim=1)
+    kernel_sum.add_(chunk_kernel_sum.view(-1))
+    sum_exp.add_(torch.stack(term_sums, dim=1))
+    expect.add_(torch.stack(expectations))
+
+
+def _grad_logits(logits: torch.Tensor, shift: torch.Tensor, column_factor: torch.Tensor,
+                 own: torch.Tensor, coefficients: torch.Tensor, math_: _ChunkMath) -> None:
+    """Overwrites one chunk's base-2 logits ``[rows, B]`` with ``exp2(z - shift) + dL_con/dz``
+    (``coefficients`` ``[3, pairs, 2, ranks, b]``, see ``ConsistencyBackward``)."""
+    rows = logits.shape[0]
+    grid = logits.view(rows, *math_.grid)
+    shift_grid, factor_grid = shift.view(math_.grid), column_factor.view(math_.grid)
+    grads, term_exps = [], []
+    for view in range(math_.global_views):
+        if math_.power is None:
+            grads.append(torch.exp2(grid[:, :, view] - shift_grid[:, view]))
+            term = math_.term_exps(grid[:, :, view], None)
+        else:  # one exp2 serves both: exp2(z - shift) = exp2(z) * exp2(-shift)
+            exps = torch.exp2(grid[:, :, view])
+            grads.append(exps * factor_grid[:, view])
+            term = math_.term_exps(grid[:, :, view], exps)
+        term_exps.append(math_.without_own_rows(term, own[:, view]))
+    for pair, (a, b) in enumerate(math_.pairs):
+        difference = grid[:, :, a] - grid[:, :, b]
+        for side, (view, other) in enumerate(((a, b), (b, a))):
+            offset, slope, other_factor = coefficients[:, pair, side]
+            grads[view] = grads[view] + term_exps[view] * (offset + slope * difference) + term_exps[other] * other_factor
+    for view in range(math_.global_views, math_.grid[1]):  # small crops: the kernel's part only
+        grads.append(torch.exp2(grid[:, :, view] - shift_grid[:, view]))
+    # Over the logits, whose buffer is warm in cache and which no later step reads: a fresh result
+    # would cost cold memory.  Views are stacked first because inductor then computes each view's
+    # values once per element (per-view copies compute every view's expression and select).
+    logits.copy_(torch.stack(grads, dim=2).view(rows, -1))
+
+
+_fused_add_chunk_sums = fused(_add_chunk_sums)
+_fused_grad_logits = fused(_grad_logits)
 
 
 class ConsistencyForward:
-    """Accumulates the per-sample sums of the term over the chunks of the forward.
-
-    Per chunk the kernel calls ``before_exp`` with its base-2 logits, then exponentiates them (in
-    place) and calls ``after_exp`` with ``exp(z)``."""
+    """Accumulates the per-sample sums of the term over the chunks of the forward."""
 
     def __init__(self, settings: ConsistencySettings, kernel_temperature: float, batch: int, ranks: int,
-                 workspace: ChunkWorkspace, device: torch.device) -> None:
-        self.settings, self.workspace = settings, workspace
-        self.layout = _Layout(settings, batch, ranks)
-        # Chunk logits are base 2 at the kernel's tau: s (natural, at tau_con) = ratio * ln 2 * logit.
-        self.ratio = kernel_temperature / settings.temperature
-        self.power = _integer_power(self.ratio)
-        self.sum_exp = torch.zeros(batch, device=device)
-        self.expect = [torch.zeros(batch, device=device) for _ in settings.pairs]
+                 device: torch.device) -> None:
+        self.settings = settings
+        self.math = _ChunkMath.of(settings, kernel_temperature, batch, ranks)
+        ranks_, _, local = self.math.grid
+        self.sum_exp = torch.zeros(ranks_, settings.global_views, local, device=device)
+        self.expect = torch.zeros(len(settings.pairs), 2, ranks_, local, device=device)
 
-    def _block(self, name: str, rows: int, views: int) -> torch.Tensor:
-        layout = self.layout
-        return self.workspace.block(name, rows, layout.ranks, views, layout.local)
+    def add_chunk(self, kernel_sum: torch.Tensor, logits: torch.Tensor, own_row: torch.Tensor,
+                  own_inside: torch.Tensor) -> None:
+        """Adds the chunk's sums, and its ``sum_j exp(z)`` to the kernel's ``kernel_sum`` ``[B]``.
 
-    def before_exp(self, logits: torch.Tensor) -> None:
-        """``logits``: the chunk's base-2 logits ``[rows, B]``, before the kernel exponentiates them."""
-        layout, rows = self.layout, logits.shape[0]
-        grid = layout.grid(logits)
-        self.diffs = [torch.sub(grid[:, :, a], grid[:, :, b], out=self._block(f"co2_diff{pair}", rows, 1)[:, :, 0])
-                      for pair, (a, b) in enumerate(self.settings.pairs)]
-        if self.power is None:
-            exps = self._block("co2_exp", rows, layout.global_views)
-            torch.mul(layout.global_part(logits), self.ratio, out=exps).exp2_()
-
-    def after_exp(self, kernel_exps: torch.Tensor, own_row: torch.Tensor, own_inside: torch.Tensor) -> None:
-        """``kernel_exps``: the chunk's ``exp(z)`` ``[rows, B]``, which the kernel no longer needs (it
-        may be overwritten); ``own_row``/``own_inside``: ``[B]`` position of each column's own row in
-        the chunk and whether it is there."""
-        layout, rows = self.layout, kernel_exps.shape[0]
-        if self.power is None:
-            exps = self._block("co2_exp", rows, layout.global_views)
-        else:  # in place: a separate output would double the memory traffic of this pass
-            exps = _power(layout.global_part(kernel_exps), self.power, out=layout.global_part(kernel_exps))
-        layout.exclude_own_rows(exps, own_row, own_inside)
-        layout.global_part(self.sum_exp).add_(exps.sum(dim=0))
-        product = self._block("co2_product", rows, 2)
-        for pair, (a, b) in enumerate(self.settings.pairs):
-            torch.mul(_pair(exps, a, b), self.diffs[pair][:, :, None, :], out=product)
-            _pair(layout.grid(self.expect[pair])[None], a, b)[0].add_(product.sum(dim=0))
+        ``logits``: the chunk's base-2 logits ``[rows, B]`` (left as they are);
+        ``own_row``/``own_inside``: ``[B]`` position of each column's own row in the chunk and
+        whether it is there."""
+        _fused_add_chunk_sums(kernel_sum, self.sum_exp, self.expect, logits, self.math.own_positions(own_row, own_inside),
+                              self.math, compiled=self.settings.compiled)
 
     def columns(self) -> SampleColumns:
-        sums = {SUM_EXP: self.sum_exp}
-        sums.update({_pair_column(pair): expect for pair, expect in enumerate(self.expect)})
+        """The sums as ``[B]`` columns of the SUM all-reduce (0 in the other views' columns)."""
+        ranks, views, local = self.math.grid
+        sum_exp = self.sum_exp.new_zeros(ranks, views, local)
+        sum_exp[:, : self.settings.global_views] = self.sum_exp
+        sums = {SUM_EXP: sum_exp.view(-1)}
+        for pair, (a, b) in enumerate(self.settings.pairs):
+            expect = self.sum_exp.new_zeros(ranks, views, local)
+            expect[:, a], expect[:, b] = self.expect[pair, 0], self.expect[pair, 1]
+            sums[_pair_column(pair)] = expect.view(-1)
         return SampleColumns(sums=sums)
 
     def finish(self, reduced: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ConsistencySaved]:
         """``(per-column term [B], what the backward needs)`` from the group-reduced sums.  Each global
         column holds the mean of ``L_con`` over the pairs it is in; other columns hold 0."""
-        layout = self.layout
+        grid = self.math.grid
         # E[d] in natural units: d = ratio * ln 2 * (difference of base-2 logits).
-        to_natural = self.ratio * math.log(2.0)
-        sum_exp = layout.grid(reduced[SUM_EXP])
+        to_natural = self.math.ratio * math.log(2.0)
+        sum_exp = reduced[SUM_EXP].view(grid)
         term = torch.zeros_like(reduced[SUM_EXP])
-        term_grid = layout.grid(term)
-        share = 1.0 / (layout.global_views - 1)
+        term_grid = term.view(grid)
+        share = 1.0 / (self.settings.global_views - 1)
         expectations = []
         for pair, (a, b) in enumerate(self.settings.pairs):
-            expect = layout.grid(reduced[_pair_column(pair)])
+            expect = reduced[_pair_column(pair)].view(grid)
             under_a = to_natural * expect[:, a] / sum_exp[:, a]
             under_b = to_natural * expect[:, b] / sum_exp[:, b]
             pair_term = 0.5 * (under_a - under_b)
             term_grid[:, a] += share * pair_term
             term_grid[:, b] += share * pair_term
             expectations.append((under_a, under_b))
-        return term, ConsistencySaved(layout.global_part(reduced[SUM_EXP]), expectations)
+        return term, ConsistencySaved(sum_exp[:, : self.settings.global_views], expectations)
 
 
 @dataclass
@@ -187,86 +231,62 @@ class ConsistencySaved:
 
 
 class ConsistencyBackward:
-    """Adds the term's ``dL/dz`` to each chunk's logit gradient.
+    """Writes each chunk's ``dL/dz``: the kernel's softmax part and the term's, in one pass.
 
-    Per chunk the kernel calls ``softmax_exps`` for its own ``exp(z - shift)`` (which shares the
-    exponentials with the term's when ``tau / tau_con`` is a small integer), then ``add_chunk``.
     Over a pair's two views (``X`` a view's own distribution, ``Y`` the other's, ``sigma`` +1 for
     the first view and -1 for the second) both gradients are ``X (1 - sigma E_X[d] + sigma d) - Y``,
-    with ``X = exp(s) / S`` kept unnormalised and ``1/S`` folded into per-column coefficients, so
-    each step runs once over the pair's ``[rows, ranks, 2, b]`` view."""
+    with ``X = exp(s) / S`` kept unnormalised; ``1/S`` and the upstream gradient go into three
+    per-column coefficients, ``dL/dz = exp(s) (offset + slope d) + exp(s of the other view) other``."""
 
     def __init__(self, settings: ConsistencySettings, kernel_temperature: float, saved: ConsistencySaved,
                  grad_term: torch.Tensor, column_signs: torch.Tensor | None, shift_base2: torch.Tensor,
-                 workspace: ChunkWorkspace, ranks: int) -> None:
+                 ranks: int) -> None:
         """``grad_term``: ``[B]`` upstream gradient of the per-column term; ``column_signs``: ``[B]``
         signs the kernel applies to whole columns after the chunk loop (None: all +1), undone here;
         ``shift_base2``: the kernel's ``[B]`` shift of its own softmax (``+inf`` zeroes a column)."""
-        self.settings, self.workspace = settings, workspace
-        self.layout = layout = _Layout(settings, grad_term.shape[0], ranks)
-        self.ratio = kernel_temperature / settings.temperature
-        self.power = _integer_power(self.ratio)
+        self.settings = settings
+        self.math = _ChunkMath.of(settings, kernel_temperature, grad_term.shape[0], ranks)
+        grid = self.math.grid
         self.shift_base2 = shift_base2
-        self.column_factor = torch.exp2(-shift_base2) if self.power is not None else None
-        to_natural = self.ratio * math.log(2.0)
-        grad_grid = layout.grid(grad_term.float())
-        signs = None if column_signs is None else layout.grid(column_signs)
+        self.column_factor = torch.exp2(-shift_base2)
+        to_natural = self.math.ratio * math.log(2.0)
+        grad_grid = grad_term.float().view(grid)
+        signs = None if column_signs is None else column_signs.view(grid)
         inverse_sum = 1.0 / saved.sum_exp  # [ranks, G, b]
-        share = 1.0 / (layout.global_views - 1)
-        sigma = torch.tensor([1.0, -1.0], device=grad_term.device)[:, None]
-        self.offsets, self.slopes, self.minus_other, self.scales = [], [], [], []
+        share = 1.0 / (settings.global_views - 1)
+        coefficients = []
         for pair, (a, b) in enumerate(settings.pairs):
             under_a, under_b = saved.expectations[pair]
-            inverse = _pair(inverse_sum[None], a, b)[0]  # [ranks, 2, b]
-            # X (1 - sigma E_X[d] + sigma d) with X = exp(s) / S: offset and slope carry the 1/S.
-            self.offsets.append(torch.stack([1.0 - under_a, 1.0 + under_b], dim=1) * inverse)
-            self.slopes.append(sigma * to_natural * inverse)
-            self.minus_other.append(-inverse.flip(1))  # Y = exp(s of the other view) / its S
+            inverse_a, inverse_b = inverse_sum[:, a], inverse_sum[:, b]
+            # X (1 - sigma E_X[d] + sigma d) - Y with X = exp(s) / S: the coefficients carry the 1/S.
+            offset = torch.stack([(1.0 - under_a) * inverse_a, (1.0 + under_b) * inverse_b])
+            slope = torch.stack([to_natural * inverse_a, -to_natural * inverse_b])
+            other = torch.stack([-inverse_b, -inverse_a])
             # d(loss)/dz = (upstream of both columns) / (pairs per view) * 1/2 * ds/dz (= ratio).
-            scale = (grad_grid[:, a] + grad_grid[:, b]) * (share * 0.5 * self.ratio)
-            scale = torch.stack([scale, scale], dim=1)
-            self.scales.append(scale if signs is None else scale * _pair(signs[None], a, b)[0])
+            scale = (grad_grid[:, a] + grad_grid[:, b]) * (share * 0.5 * self.math.ratio)
+            scale = torch.stack([scale, scale])
+            if signs is not None:
+                scale = scale * torch.stack([signs[:, a], signs[:, b]])
+            coefficients.append(torch.stack([offset, slope, other]) * scale)
+        self.coefficients = torch.stack(coefficients, dim=1)  # [3, pairs, 2, ranks, b]
 
-    def softmax_exps(self, logits: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """The kernel's ``exp2(logits - shift)`` into ``out``; keeps the term's unnormalised
-        ``exp(s)`` of the global columns for ``add_chunk``."""
-        layout, rows = self.layout, logits.shape[0]
-        self.exps = self.workspace.block("co2_exp", rows, layout.ranks, layout.global_views, layout.local)
-        if self.power is None:
-            torch.mul(layout.global_part(logits), self.ratio, out=self.exps).exp2_()
-            return torch.sub(logits, self.shift_base2[None, :], out=out).exp2_()
-        torch.exp2(logits, out=out)
-        _power(layout.global_part(out), self.power, out=self.exps)
-        return out.mul_(self.column_factor[None, :])
-
-    def add_chunk(self, grad_logits: torch.Tensor, logits: torch.Tensor, own_row: torch.Tensor,
-                  own_inside: torch.Tensor) -> None:
-        """``grad_logits``: the chunk's ``dL/dz`` ``[rows, B]``, updated in place; ``logits``: its
-        base-2 logits (unshifted); ``own_row``/``own_inside``: ``[B]`` position of each column's own
-        row in the chunk and whether it is there."""
-        layout, rows = self.layout, logits.shape[0]
-        exps = self.exps
-        layout.exclude_own_rows(exps, own_row, own_inside)
-        diff = self.workspace.block("co2_diff0", rows, layout.ranks, 1, layout.local)
-        work = self.workspace.block("co2_product", rows, layout.ranks, 2, layout.local)
-        grid, grad_grid = layout.grid(logits), layout.grid(grad_logits)
-        for pair, (a, b) in enumerate(self.settings.pairs):
-            torch.sub(grid[:, :, a], grid[:, :, b], out=diff[:, :, 0])
-            pair_exps = _pair(exps, a, b)
-            torch.addcmul(self.offsets[pair], self.slopes[pair], diff, out=work).mul_(pair_exps)
-            minus_other = self.minus_other[pair]
-            work[:, :, 0].addcmul_(pair_exps[:, :, 1], minus_other[:, 0])
-            work[:, :, 1].addcmul_(pair_exps[:, :, 0], minus_other[:, 1])
-            _pair(grad_grid, a, b).addcmul_(work, self.scales[pair])
+    def logits_to_grad(self, logits: torch.Tensor, own_row: torch.Tensor, own_inside: torch.Tensor) -> torch.Tensor:
+        """Overwrites the chunk's base-2 logits ``[rows, B]`` (unshifted) with its ``dL/dz`` before
+        the targets' part, ``exp2(logits - shift)`` plus the term's, and returns them;
+        ``own_row``/``own_inside``: ``[B]`` position of each column's own row in the chunk and
+        whether it is there."""
+        _fused_grad_logits(logits, self.shift_base2, self.column_factor, self.math.own_positions(own_row, own_inside),
+                           self.coefficients, self.math, compiled=self.settings.compiled)
+        return logits
 
 
-def settings_for_views(temperature: float, view_kinds: list[str]) -> ConsistencySettings:
+def settings_for_views(temperature: float, view_kinds: list[str], compiled: bool = True) -> ConsistencySettings:
     """The term's settings for a batch whose views have these kinds (global views come first)."""
     global_views = sum(kind == "global" for kind in view_kinds)
     if global_views < 2 or any(kind == "global" for kind in view_kinds[global_views:]):
         raise ValueError(f"co2_alpha > 0 needs at least two global views per image, first in the batch (the views "
                          f"are {view_kinds}); set data.loader.augment.num_views: 2 or co2_alpha: 0")
-    return ConsistencySettings(temperature, len(view_kinds), global_views)
+    return ConsistencySettings(temperature, len(view_kinds), global_views, compiled)
 
 
 def weighted_sum(per_sample: torch.Tensor, term: torch.Tensor, valid: torch.Tensor, alpha: float,

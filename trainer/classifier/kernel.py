@@ -133,7 +133,7 @@ def _forward_chunks(scaled_features, weight, scored: ScoredRows, target_cols, se
     targets = _TargetsByChunk(target_cols, settings.chunk_size)
     sums = None
     if consistency is not None:
-        sums = ConsistencyForward(consistency, settings.temperature, batch, ranks, workspace, device)
+        sums = ConsistencyForward(consistency, settings.temperature, batch, ranks, device)
     for start, end in scored.chunks(settings.chunk_size):
         weight_hat, _ = workspace.normalized_rows(scored.read(weight, start, end, workspace.gathered_rows))
         out = workspace.logits(end - start) if cache is None else cache.chunk(start, end)
@@ -142,12 +142,8 @@ def _forward_chunks(scaled_features, weight, scored: ScoredRows, target_cols, se
         target_logits += torch.where(inside, logits.gather(0, target_rows), 0.0)
         if sums is None:
             sum_exp += logits.exp2_().sum(dim=0)  # in place: the cache keeps exp(z)
-            continue
-        sums.before_exp(logits)
-        # The cache keeps the logits for the term's backward; without one they can go.
-        exps = logits.exp2_() if cache is None else torch.exp2(logits, out=workspace.logits(end - start))
-        sum_exp += exps.sum(dim=0)
-        sums.after_exp(exps, target_rows[0], inside[0])  # row 0 of the targets: the instance's own
+        else:  # the logits stay (the cache keeps them for the term's backward)
+            sums.add_chunk(sum_exp, logits, target_rows[0], inside[0])  # targets' row 0: the instance's own
     return sum_exp, target_logits.t(), cache, sums
 
 
@@ -186,9 +182,9 @@ class _ShardedCosineCE(torch.autograd.Function):
         scaled_features, weight, target_cols, softmax_scale, log_normalizer, target_coef = ctx.saved_tensors
         consistency = None
         if ctx.consistency is not None:
-            def consistency(column_signs, shift_base2, workspace):
+            def consistency(column_signs, shift_base2):
                 return ConsistencyBackward(ctx.consistency, ctx.settings.temperature, ctx.consistency_saved,
-                                           grad_term, column_signs, shift_base2, workspace, ctx.ranks)
+                                           grad_term, column_signs, shift_base2, ctx.ranks)
         grad_features, grad_weight = _backward_chunks(
             scaled_features, weight, target_cols, grad_loss.float() * softmax_scale, log_normalizer,
             grad_loss.float()[:, None] * target_coef, ctx.settings, ctx.scored, ctx.cache, ctx.update_in_backward,
@@ -204,7 +200,7 @@ def _backward_chunks(scaled_features, weight, target_cols, row_scale, log_normal
                      settings: KernelSettings, scored: ScoredRows, cache: LogitsCache | None, update,
                      consistency=None):
     """``dL/dz_ij = row_scale_i exp(z_ij - log_normalizer_i) - target_grad_ik`` (plus the consistency
-    term's, when ``consistency(column_signs, shift_base2, workspace)`` builds its
+    term's, when ``consistency(column_signs, shift_base2)`` builds its
     ``ConsistencyBackward``), pushed through the chunk matmuls into the features and (or the
     in-backward update of) the scored rows."""
     batch, dim = scaled_features.shape
@@ -232,24 +228,21 @@ def _backward_chunks(scaled_features, weight, target_cols, row_scale, log_normal
         signs = torch.where(row_scale < 0, -1.0, 1.0)
         target_grad = target_grad * signs[:, None]
         signed_features = scaled_features * signs[:, None].to(scaled_features.dtype)
-    term = None if consistency is None else consistency(signs, shift_base2, workspace)
+    term = None if consistency is None else consistency(signs, shift_base2)
     targets, minus_target_grad = _TargetsByChunk(target_cols, settings.chunk_size), -target_grad.t()
     for start, end in scored.chunks(settings.chunk_size):
         weight_hat, norm = workspace.normalized_rows(scored.read(weight, start, end, workspace.gathered_rows))
         grad_logits = workspace.logits(end - start)
-        logits = None
+        target_rows, inside = targets.in_chunk(start, end - start)
         if scales_cache:
             torch.mul(cache.chunk(start, end), cache_scale, out=grad_logits)
         elif term is None:
             workspace.cosine_logits(scaled_features, weight_hat, grad_logits, shift_base2).exp2_()
-        else:
+        else:  # the unshifted logits (the cache's are not read again), turned into dL/dz in place
             logits = cache.chunk(start, end) if cache is not None else workspace.cosine_logits(
-                scaled_features, weight_hat, workspace.block("logits_base2", end - start, batch))
-            term.softmax_exps(logits, out=grad_logits)
-        target_rows, inside = targets.in_chunk(start, end - start)
+                scaled_features, weight_hat, grad_logits)
+            grad_logits = term.logits_to_grad(logits, target_rows[0], inside[0])
         grad_logits.scatter_add_(0, target_rows, torch.where(inside, minus_target_grad, 0.0))
-        if term is not None:
-            term.add_chunk(grad_logits, logits, target_rows[0], inside[0])
         workspace.add_grad_features(grad_features, grad_logits, weight_hat)
         rows = scored.rows_of(start, end)
         # Contiguous rows of a full gradient are written in place by the matmul.
