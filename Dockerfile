@@ -31,6 +31,10 @@ RUN useradd --create-home --uid 1000 instcls \
 USER instcls
 # DeepSpeed's JIT op cache must be writable by the non-root user.
 ENV TORCH_EXTENSIONS_DIR=/home/instcls/.cache/torch_extensions
+# torch.compile's kernels (CO2's fused chunk math) and Triton's cache go to /tmp, which the k8s
+# manifests mount writable under their read-only root filesystem.
+ENV TORCHINDUCTOR_CACHE_DIR=/tmp/torchinductor \
+    TRITON_CACHE_DIR=/tmp/triton
 
 # `instcls launch ...` is torchrun with Kubernetes-friendly exit codes (see k8s/).
 ENTRYPOINT ["instcls"]
