@@ -7,6 +7,7 @@ when every rank has finished, so a directory without ``.tmp`` is always complete
     manifest.json                   bytes and CRC-32 of every other file (damage is found on resume)
     deepspeed/                      DeepSpeed engine state (saved by all ranks)
     model.pt                        consolidated fp32 backbone + head (for eval and resharding)
+    optimizer.pt                    the backbone optimizer's state by parameter name, whole (resharding)
     components/NAME/rank-XXXXX.pt   each component's own state (objective, sampler, ...)
     rng/rank-XXXXX.pt               python / numpy / torch RNG states of each rank
 
@@ -17,8 +18,9 @@ load every rank reads the rows its *live* component asks for from whichever save
 them, so a checkpoint written by T ranks loads on any T'.  Other values are read back from the
 same rank's file, or rank 0's when that rank did not exist.  With the same world size the
 DeepSpeed state restores the backbone exactly; with another, the backbone weights come from
-``model.pt`` and its optimizer momentum restarts (logged), because ZeRO partitions that state by
-data-parallel rank.  The directory must be on storage every rank sees.
+``model.pt`` and its optimizer state (momentum, Adam's moments) from ``optimizer.pt``, put into the
+new ZeRO partitioning by DeepSpeed's accessors (``trainer.engine.optimizer_state``).  The directory
+must be on storage every rank sees.
 
 ``--resume auto`` takes the newest complete checkpoint whose files match its manifest; a damaged
 one (a truncated or altered file, a file gone) is reported by file and the previous one is used.
@@ -43,12 +45,14 @@ import torch
 import torch.distributed as dist
 
 from trainer.engine.failpoints import fail_point
+from trainer.engine.optimizer_state import full_optimizer_state, load_full_optimizer_state, load_master_weights
 from trainer.engine.safe_load import load_data, refuse_pickled_code
 from trainer.objectives.base import ShardedRows
 from trainer.parallel import ParallelDims
 
 _NAME = re.compile(r"^step_(\d{9})$")
 MANIFEST = "manifest.json"
+OPTIMIZER_FILE = "optimizer.pt"
 _CRC_BLOCK = 8 << 20
 _ROWS_TAG = "__sharded_rows__"
 
@@ -368,6 +372,9 @@ def _write(tmp: Path, engine, components: dict[str, Stateful], dims: ParallelDim
         if dims.rank == 0:
             full = {k: v.detach().float().cpu().clone() for k, v in engine.module.state_dict().items()}
             torch.save(full, tmp / "model.pt")
+    optimizer_state = full_optimizer_state(engine)  # collective under ZeRO
+    if dims.rank == 0:
+        torch.save(optimizer_state, tmp / OPTIMIZER_FILE)
     for name, component in components.items():
         save_component(tmp, name, component, dims)
     fail_point("checkpoint.after_components", step)
@@ -403,13 +410,22 @@ def load_engine(path: Path, engine, dims: ParallelDims, log=print) -> None:
         refuse_pickled_code(path / "deepspeed")  # DeepSpeed unpickles with weights_only=False
         engine.load_checkpoint(str(path / "deepspeed"), tag="state", load_lr_scheduler_states=False)
         return
-    log(f"resuming {path} written by {meta['world_size']} ranks on {dims.world_size}: objective state re-split by "
-        "rows; backbone weights from model.pt, backbone optimizer momentum restarts")
     state_dict = load_data(path / "model.pt", map_location="cpu")
     parameters = list(engine.module.parameters())
     with deepspeed.zero.GatheredParameters(parameters, modifier_rank=0):
         if dims.rank == 0 or engine.zero_optimization_stage() < 3:
             engine.module.load_state_dict(state_dict)
+    load_master_weights(engine, state_dict)  # else the first step writes the old master weights back
+    optimizer_file = path / OPTIMIZER_FILE
+    if not optimizer_file.is_file():  # written before optimizer.pt existed
+        log(f"resuming {path} written by {meta['world_size']} ranks on {dims.world_size}: objective state re-split "
+            f"by rows; backbone weights from model.pt; it has no {OPTIMIZER_FILE}, so the backbone optimizer's "
+            "state restarts")
+        return
+    missing = load_full_optimizer_state(engine, load_data(optimizer_file, map_location="cpu"))
+    log(f"resuming {path} written by {meta['world_size']} ranks on {dims.world_size}: objective state re-split by "
+        f"rows; backbone weights from model.pt and optimizer state from {OPTIMIZER_FILE}"
+        + (f" ({len(missing)} parameters had none: {', '.join(missing[:3])}...)" if missing else ""))
 
 
 def _rng_states() -> dict:
