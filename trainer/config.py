@@ -121,6 +121,9 @@ class LoggingSection:
     metrics_bind: address the metrics endpoint listens on: "0.0.0.0" (all interfaces, what a
         Prometheus in the cluster needs) or e.g. "127.0.0.1" to keep it on the machine.
     progress: show a progress bar on rank 0.
+    consumed_ids: log the instance ids each step trained on, per rank (``event: consumed``), for
+        per-sample accounting across restarts (the fault drills); one host sync and a log line per
+        step, so off for real runs.
     """
 
     dir: Path = Path("logs")
@@ -128,6 +131,7 @@ class LoggingSection:
     metrics_port: int = 9400
     metrics_bind: str = "0.0.0.0"
     progress: bool = True
+    consumed_ids: bool = False
 
     def __post_init__(self) -> None:
         if self.log_every < 1:

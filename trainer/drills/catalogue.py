@@ -25,11 +25,11 @@ import torch
 
 from data_pipeline.shards import ShardSettings, write_shards
 from data_pipeline.sources import sklearn_digits
-from trainer.drills.jobs import LAUNCH, REPO, Job, job_env, state_difference
+from trainer.drills.jobs import LAUNCH, REPO, Job, accounting_difference, job_env, state_difference
 from trainer.engine.checkpoint import checkpoint_damage, checkpoint_name, complete_checkpoints, resolve_resume, write_manifest
 
 CADENCE = ["data.loader.batch_size=64", "optim.epochs=4", "optim.warmup_epochs=1", "checkpoint.every_steps=2",
-           "logging.log_every=1"]
+           "logging.log_every=1", "logging.consumed_ids=true"]
 FOUR_STEPS = CADENCE + ["max_steps=4"]
 KILLED_AT = re.compile(r"fail point \S+ \(step \d+\): killing rank \d+ with SIGKILL at (\d+\.\d+)")
 NO_LOSS = "none: bit-identical to the uninterrupted run"
@@ -112,12 +112,14 @@ def rank_killed_mid_step(context: DrillContext) -> DrillResult:
     resumed = f"resumed from {job.checkpoints / checkpoint_name(2)}" in result.stdout + result.stderr
     difference = state_difference(complete_checkpoints(job.checkpoints)[-1], context.reference) \
         if complete_checkpoints(job.checkpoints) else "no checkpoint at all"
+    accounting, counted = accounting_difference(job.run_dir, context.reference.parent.parent)
     return DrillResult(
         "rank-killed-mid-step", "SIGKILL of rank 1 in step 3 (torchrun --max-restarts=1)",
         f"exit {result.returncode}; torchrun restarted both ranks, " + ("they resumed step 2" if resumed else
-                                                                          "no resume logged") + " and finished",
-        difference or NO_LOSS, _first_step_after(job, killed),
-        result.returncode == 0 and killed is not None and resumed and difference is None)
+                                                                          "no resume logged") + " and finished; "
+        + (accounting or f"each of the {counted} ids of steps 1-4 consumed once, as uninterrupted"),
+        difference or accounting or NO_LOSS, _first_step_after(job, killed),
+        result.returncode == 0 and killed is not None and resumed and difference is None and accounting is None)
 
 
 def killed_during_save(context: DrillContext, fault: str, completes: bool, run_dir: Path) -> DrillResult:

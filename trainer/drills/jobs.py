@@ -103,3 +103,38 @@ def state_difference(checkpoint: Path, reference: Path) -> str | None:
         if not torch.equal(mine[name], tensor):
             return f"{name} differs from the uninterrupted run"
     return None
+
+
+def consumed_ids(run_dir: Path) -> dict[int, list[int]]:
+    """The instance ids each step of the final training consumed (``logging.consumed_ids``), all
+    ranks together.  A restarted job logs the steps it repeats again, after the first attempt's
+    lines, so the last record of a (rank, step) is the one its weights hold."""
+    by_rank_step: dict[tuple[int, int], list[int]] = {}
+    for path in sorted((Path(run_dir) / "logs").glob("rank-*.jsonl")):
+        rank = int(path.stem.split("-")[1])
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("event") == "consumed":
+                by_rank_step[(rank, record["step"])] = record["ids"]
+    steps: dict[int, list[int]] = {}
+    for (_, step), ids in sorted(by_rank_step.items()):
+        steps.setdefault(step, []).extend(ids)
+    return steps
+
+
+def accounting_difference(run_dir: Path, reference_dir: Path) -> tuple[str | None, int]:
+    """``(first problem or None, ids counted)``: every id the final training consumed, consumed
+    exactly once and exactly as in the uninterrupted run, step by step."""
+    mine, theirs = consumed_ids(run_dir), consumed_ids(reference_dir)
+    if not theirs:
+        return "the uninterrupted run logged no consumed ids (logging.consumed_ids=true)", 0
+    if sorted(mine) != sorted(theirs):
+        return f"steps consumed: {sorted(mine)}, uninterrupted: {sorted(theirs)}", 0
+    for step, ids in theirs.items():
+        if sorted(mine[step]) != sorted(ids):
+            return f"step {step} consumed other ids than the uninterrupted run", 0
+    everything = [i for ids in mine.values() for i in ids]
+    repeated = len(everything) - len(set(everything))
+    if repeated:
+        return f"{repeated} ids consumed more than once", len(everything)
+    return None, len(everything)

@@ -225,6 +225,9 @@ class Trainer:
             loss = self._step(batch, validate=log_step)
             state.global_step += 1
             state.step_in_epoch += 1
+            if config.logging.consumed_ids:  # padding repeats are not consumed
+                self.log.write(event="consumed", epoch=epoch, step=state.global_step,
+                               ids=batch.instance_ids[batch.valid].tolist())
             step_seconds = time.perf_counter() - step_start
 
             images = batch.instance_ids.shape[0]
