@@ -75,8 +75,8 @@ class Job:
 
 
 def checkpoint_tensors(checkpoint: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a checkpoint that training state lives in (``model.pt`` and each
-    component's rank files), flattened to ``file:key.path`` names."""
+    """Every tensor of a checkpoint that training state lives in (``model.pt``, the backbone
+    optimizer's ``optimizer.pt`` and each component's rank files), flattened to ``file:key.path`` names."""
     found: dict[str, torch.Tensor] = {}
 
     def walk(prefix: str, value) -> None:
@@ -86,7 +86,8 @@ def checkpoint_tensors(checkpoint: Path) -> dict[str, torch.Tensor]:
             for key, item in value.items():
                 walk(f"{prefix}.{key}", item)
 
-    files = [checkpoint / "model.pt", *sorted((checkpoint / "components").rglob("rank-*.pt"))]
+    optimizer = [checkpoint / "optimizer.pt"] if (checkpoint / "optimizer.pt").exists() else []
+    files = [checkpoint / "model.pt", *optimizer, *sorted((checkpoint / "components").rglob("rank-*.pt"))]
     for file in files:
         walk(str(file.relative_to(checkpoint)), torch.load(file, map_location="cpu", weights_only=True))
     return found

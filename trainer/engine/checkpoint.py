@@ -18,7 +18,7 @@ load every rank reads the rows its *live* component asks for from whichever save
 them, so a checkpoint written by T ranks loads on any T'.  Other values are read back from the
 same rank's file, or rank 0's when that rank did not exist.  With the same world size the
 DeepSpeed state restores the backbone exactly; with another, the backbone weights come from
-``model.pt`` and its optimizer state (momentum, Adam's moments) from ``optimizer.pt``, put into the
+``model.pt`` and its optimizer state (SGD's momentum) from ``optimizer.pt``, put into the
 new ZeRO partitioning by DeepSpeed's accessors (``trainer.engine.optimizer_state``).  The directory
 must be on storage every rank sees.
 
