@@ -401,9 +401,11 @@ def _run_train(args: argparse.Namespace) -> int:
     from trainer.engine.trainer import Trainer
     from trainer.parallel import init_distributed
     from trainer.parallel.dims import shutdown_distributed
+    from trainer.parallel.host_memory import keep_freed_host_memory
 
     config = load_job_config(args.config, args.overrides)
     dims = init_distributed(config.parallel.classifier_parallel_size)
+    keep_freed_host_memory(dims.device)  # CPU ranks: chunk temporaries stop page-faulting
     try:
         result = Trainer(config, dims, resume=args.resume).train()
     except NonFiniteLossError as error:

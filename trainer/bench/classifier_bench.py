@@ -29,6 +29,7 @@ from trainer.bench.step_runner import StepSpec, run_steps, synchronize
 from trainer.classifier.config import MODES
 from trainer.observability.memory import peak_since, reset_peak
 from trainer.parallel import init_distributed
+from trainer.parallel.host_memory import keep_freed_host_memory
 from trainer.parallel.launch import spawn_local_workers
 
 MIB = 2**20
@@ -87,6 +88,7 @@ def _step_spec(settings: ClassifierBenchSettings, mode: str, num_classes: int, s
 
 def _worker(settings: ClassifierBenchSettings, mode: str, logits: str, result_path: str) -> None:
     dims = init_distributed()
+    keep_freed_host_memory(dims.device)  # as training does (trainer.parallel.host_memory)
     device = dims.device
     cache_bytes = settings.cache_bytes(mode) if logits == "cache" else 0
     # A tiny run first loads everything the step touches once per process (optimizer internals,

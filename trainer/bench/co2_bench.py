@@ -22,6 +22,7 @@ from trainer.bench.classifier_bench import ClassifierBenchSettings
 from trainer.bench.step_runner import synchronize
 from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
 from trainer.parallel import init_distributed
+from trainer.parallel.host_memory import keep_freed_host_memory
 from trainer.parallel.launch import spawn_local_workers
 
 CO2_ALPHA, CO2_TEMPERATURE = 0.3, 0.05  # CO2's MoCo v2 setting
@@ -39,6 +40,7 @@ def _classifier(settings: ClassifierBenchSettings, dims, alpha: float) -> Sharde
 
 def _worker(settings: ClassifierBenchSettings, result_path: str) -> None:
     dims = init_distributed()
+    keep_freed_host_memory(dims.device)  # as training does (trainer.parallel.host_memory)
     device, dtype = dims.device, getattr(torch, settings.dtype)
     images = settings.batch // (2 * dims.world_size)  # --batch counts views: two per image
     classifiers = {name: _classifier(settings, dims, CO2_ALPHA if name == "co2" else 0.0) for name in VARIANTS}

@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from trainer.parallel.host_memory import keep_freed_host_memory
-
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -127,7 +125,6 @@ def init_distributed(
     if "WORLD_SIZE" not in os.environ:
         dims = single_process_dims()
         _check_classifier_size(classifier_parallel_size or 1, 1)
-        _prepare_host(dims.device)
         return dims
 
     missing = [name for name in _TORCHRUN_VARS if name not in os.environ]
@@ -145,7 +142,6 @@ def init_distributed(
     device = default_device(local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    _prepare_host(device)
     backend = backend or default_backend(device)
     if not dist.is_initialized():
         timeout = datetime.timedelta(seconds=timeout_s)
@@ -171,12 +167,6 @@ def init_distributed(
         classifier_replica_group=replica_group,
         control_group=control_group,
     )
-
-
-def _prepare_host(device: torch.device) -> None:
-    """CPU ranks compute in host memory: keep its freed blocks (see ``host_memory``)."""
-    if device.type == "cpu":
-        keep_freed_host_memory()
 
 
 def _build_classifier_groups(

@@ -6,6 +6,10 @@ frees megabyte tensors (the classifier's chunk temporaries, matmul outputs, indu
 page-faults every page of them again on each iteration.  On a CPU rank that cost 5-10% of a
 classifier step.  Raising both thresholds once at start-up keeps those blocks in the heap, as
 jemalloc or tcmalloc would, at the price of a resident size that does not shrink.
+
+Training and the speed benchmarks call it; the DDP-vs-DHP memory sweep does not: it measures the
+largest classifier that fits under an address-space cap, and a heap that keeps freed blocks holds
+address space the classifier no longer uses.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+
+import torch
 
 log = logging.getLogger(__name__)
 
@@ -22,8 +28,11 @@ MMAP_THRESHOLD = 32 << 20  # glibc's largest allowed value: blocks up to 32 MiB 
 TRIM_THRESHOLD = 1 << 30  # keep up to 1 GiB of free heap top
 
 
-def keep_freed_host_memory() -> bool:
-    """Raise glibc's mmap and trim thresholds; False (and nothing changed) without glibc's mallopt."""
+def keep_freed_host_memory(device: torch.device) -> bool:
+    """On a CPU rank, raise glibc's mmap and trim thresholds; False (and nothing changed) on other
+    devices (their tensors are not in host memory) or without glibc's mallopt."""
+    if device.type != "cpu":
+        return False
     name = ctypes.util.find_library("c")
     try:
         mallopt = ctypes.CDLL(name).mallopt
