@@ -52,7 +52,7 @@ def _run(stage: int, steps: list[int], resume: str | None, save_to: str | None, 
         engine.step()
     if save_to is not None:
         save_checkpoint(Path(save_to), steps[-1] + 1, engine, {}, {"step": steps[-1] + 1}, dims, keep=1)
-    momentum = full_optimizer_state(engine)
+    momentum = full_optimizer_state(engine, keep=dims.rank == 0)
     if result is not None and dims.rank == 0:
         torch.save(momentum, result)
 

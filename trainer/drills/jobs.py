@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from trainer.observability.report import RunLogs
 from trainer.parallel.launch import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -110,13 +111,9 @@ def consumed_ids(run_dir: Path) -> dict[int, list[int]]:
     """The instance ids each step of the final training consumed (``logging.consumed_ids``), all
     ranks together.  A restarted job logs the steps it repeats again, after the first attempt's
     lines, so the last record of a (rank, step) is the one its weights hold."""
-    by_rank_step: dict[tuple[int, int], list[int]] = {}
-    for path in sorted((Path(run_dir) / "logs").glob("rank-*.jsonl")):
-        rank = int(path.stem.split("-")[1])
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            if record.get("event") == "consumed":
-                by_rank_step[(rank, record["step"])] = record["ids"]
+    logs = RunLogs.read(Path(run_dir) / "logs")
+    by_rank_step = {(rank, record["step"]): record["ids"]
+                    for rank in logs.by_rank for record in logs.events("consumed", rank)}
     steps: dict[int, list[int]] = {}
     for (_, step), ids in sorted(by_rank_step.items()):
         steps.setdefault(step, []).extend(ids)

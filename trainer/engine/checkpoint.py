@@ -372,7 +372,7 @@ def _write(tmp: Path, engine, components: dict[str, Stateful], dims: ParallelDim
         if dims.rank == 0:
             full = {k: v.detach().float().cpu().clone() for k, v in engine.module.state_dict().items()}
             torch.save(full, tmp / "model.pt")
-    optimizer_state = full_optimizer_state(engine)  # collective under ZeRO
+    optimizer_state = full_optimizer_state(engine, keep=dims.rank == 0)  # collective under ZeRO
     if dims.rank == 0:
         torch.save(optimizer_state, tmp / OPTIMIZER_FILE)
     for name, component in components.items():

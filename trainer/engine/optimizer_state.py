@@ -46,9 +46,10 @@ def _keys_present(engine) -> list[str]:
     return [key for key in STATE_KEYS if key in present]
 
 
-def full_optimizer_state(engine) -> dict[str, dict[str, torch.Tensor]]:
+def full_optimizer_state(engine, keep: bool = True) -> dict[str, dict[str, torch.Tensor]]:
     """``{parameter name: {key: full fp32 state on the CPU}}``.  Collective under ZeRO: every rank
-    calls it (each parameter's partitions are gathered in turn); all get the whole state."""
+    calls it (each parameter's partitions are gathered in turn); ranks with ``keep`` False take
+    part without copying the state to the CPU and get ``{}``."""
     keys = _keys_present(engine)
     base = _base_optimizer(engine)
     state: dict[str, dict[str, torch.Tensor]] = {}
@@ -58,7 +59,7 @@ def full_optimizer_state(engine) -> dict[str, dict[str, torch.Tensor]]:
                 value = safe_get_full_optimizer_state(parameter, key)
             else:
                 value = base.state.get(parameter, {}).get(key)
-            if value is not None:
+            if value is not None and keep:
                 state.setdefault(name, {})[key] = value.detach().float().cpu().clone()
     return state
 
