@@ -9,12 +9,12 @@ so the cap measures what the measured work allocates.
 
 from __future__ import annotations
 
-import ctypes
 import resource
 
 import torch
 
 from trainer.observability.memory import status_field_bytes
+from trainer.parallel.host_memory import M_ARENA_MAX, M_MMAP_THRESHOLD, set_glibc_malloc
 
 
 def apply_memory_cap(device: torch.device, cap_bytes: int) -> None:
@@ -23,7 +23,7 @@ def apply_memory_cap(device: torch.device, cap_bytes: int) -> None:
         already = torch.cuda.memory_allocated(device)
         torch.cuda.set_per_process_memory_fraction(min(1.0, (already + cap_bytes) / total), device)
         return
-    _stop_new_malloc_arenas()
+    _make_the_cap_count_live_tensors()
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     limit = status_field_bytes("VmSize") + cap_bytes
     if hard != resource.RLIM_INFINITY:
@@ -31,18 +31,22 @@ def apply_memory_cap(device: torch.device, cap_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
 
 
-_M_ARENA_MAX = -8  # glibc's mallopt parameter number
+# Below this size glibc serves blocks from its heaps, above it each block is its own mapping.
+CAPPED_MMAP_THRESHOLD = 128 << 10  # glibc's initial value, pinned
 
 
-def _stop_new_malloc_arenas() -> None:
-    """A thread that first allocates under contention may get a fresh glibc arena, which reserves
-    64 MiB of address space at once: under an address-space cap that is a false "out of memory"
-    that depends on the machine's core count and timing.  Limit glibc to one arena from here on
-    (threads then share the existing ones); harmless where the C library is not glibc."""
-    try:
-        ctypes.CDLL(None).mallopt(_M_ARENA_MAX, 1)
-    except (OSError, AttributeError):
-        pass
+def _make_the_cap_count_live_tensors() -> None:
+    """Under an address-space cap, what counts must be the tensors alive at once, not how glibc
+    places them.  Two of its habits would make the limit depend on the machine and its load:
+    - A thread that first allocates under contention may get a fresh arena, which reserves 64 MiB
+      of address space at once.  One arena from here on (threads share the existing ones).
+    - glibc raises its mmap threshold (up to 32 MiB) as it sees large blocks freed, so a
+      classifier's multi-megabyte tensors may come from the heap, where a hole left by a freed one
+      stays mapped and a later block grows the heap past it (measured: +48 MiB on one rank of two
+      in some runs, not others).  A pinned threshold turns that adjustment off: each block of
+      128 KiB or more is mapped on allocation and unmapped on free.
+    Harmless (nothing done) where the C library is not glibc."""
+    set_glibc_malloc({M_ARENA_MAX: 1, M_MMAP_THRESHOLD: CAPPED_MMAP_THRESHOLD})
 
 
 def is_out_of_memory(error: BaseException) -> bool:

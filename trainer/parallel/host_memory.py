@@ -22,8 +22,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
+M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers
+M_MMAP_THRESHOLD = -3
+M_ARENA_MAX = -8
 MMAP_THRESHOLD = 32 << 20  # glibc's largest allowed value: blocks up to 32 MiB come from the heap
 TRIM_THRESHOLD = 1 << 30  # keep up to 1 GiB of free heap top
 
@@ -33,13 +34,18 @@ def keep_freed_host_memory(device: torch.device) -> bool:
     devices (their tensors are not in host memory) or without glibc's mallopt."""
     if device.type != "cpu":
         return False
-    name = ctypes.util.find_library("c")
-    try:
-        mallopt = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError, TypeError):
-        return False  # not glibc (musl, macOS): its allocator behaves otherwise
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    done = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    done = set_glibc_malloc({M_MMAP_THRESHOLD: MMAP_THRESHOLD, M_TRIM_THRESHOLD: TRIM_THRESHOLD})
     if not done:
         log.warning("mallopt refused the allocator thresholds; CPU steps may page-fault their temporaries")
     return done
+
+
+def set_glibc_malloc(options: dict[int, int]) -> bool:
+    """``mallopt(parameter, value)`` for each option; False where the C library is not glibc (musl,
+    macOS: their allocators behave otherwise) or glibc refused one."""
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return all([bool(mallopt(parameter, value)) for parameter, value in options.items()])
