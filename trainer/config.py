@@ -68,6 +68,14 @@ class OptimSection:
     base_batch: the batch size ``base_lr`` refers to.
     warmup_epochs: linear warm-up length, then cosine decay to ``min_lr_ratio * lr``.
     momentum, weight_decay: SGD settings of both the backbone and the classifier (0.9, 1e-4).
+    on_nonfinite: what a NaN or inf loss on any rank does.  "stop" (default): found at no cost on
+        the device, the run stops at the next log step or save with the last good checkpoint
+        named.  "skip_step": the step's update is dropped on every rank (weights, momentum, the
+        objective's state and BatchNorm statistics stay as before it) and counted; deciding
+        before the backward reads one flag from the device per step, folded into the step's
+        SIGTERM all-reduce.
+    max_skipped_in_a_row: under "skip_step", stop after this many consecutive skipped steps
+        (the model itself has gone bad, not one batch).
     """
 
     epochs: int = 200
@@ -77,9 +85,13 @@ class OptimSection:
     min_lr_ratio: float = 0.0
     momentum: float = 0.9
     weight_decay: float = 1e-4
+    on_nonfinite: str = "stop"
+    max_skipped_in_a_row: int = 10
 
     def __post_init__(self) -> None:
         checks = [
+            (self.on_nonfinite in ("stop", "skip_step"), "on_nonfinite", "use 'stop' or 'skip_step'"),
+            (self.max_skipped_in_a_row >= 1, "max_skipped_in_a_row", "allow at least 1 skipped step in a row"),
             (self.epochs >= 1, "epochs", "train at least 1 epoch"),
             (self.base_lr > 0, "base_lr", "use a positive learning rate (paper: 0.48 at batch 4096)"),
             (self.base_batch >= 1, "base_batch", "use the batch size base_lr was tuned for (4096)"),

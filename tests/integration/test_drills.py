@@ -9,7 +9,7 @@ import pytest
 
 from trainer.drills.catalogue import DRILLS, DrillContext, killed_during_save
 
-COVERED_ELSEWHERE = {"preempted-with-sigterm", "loss-becomes-nan", "damaged-newest-checkpoint",
+COVERED_ELSEWHERE = {"preempted-with-sigterm", "loss-becomes-nan", "nan-step-skipped", "damaged-newest-checkpoint",
                      "checkpoint-with-pickled-code"}
 
 

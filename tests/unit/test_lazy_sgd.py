@@ -39,12 +39,13 @@ def test_segment_tree_equals_the_ordered_product():
 
 
 @pytest.mark.parametrize("kind", ["device", "host", "disk"])
-def test_lazy_rows_equal_dense_sgd_over_warmup_and_cosine(kind, tmp_path):
+def test_lazy_rows_equal_dense_sgd_over_warmup_and_cosine_and_dropped_steps(kind, tmp_path):
     rows, dim, steps = 40, 6, 3000
     momentum, weight_decay = 0.9, 5e-3  # a large decay makes skipped steps matter
     rng = np.random.default_rng(1)
     initial = torch.from_numpy(rng.normal(size=(rows, dim)))
     schedule = _schedule(steps)
+    dropped = {3, 1000, 1001, 2500}  # non-finite steps (optim.on_nonfinite: skip_step), rows 0-4 in none
 
     dense = initial.clone().requires_grad_(True)
     reference = torch.optim.SGD([dense], lr=0.0, momentum=momentum, weight_decay=weight_decay)
@@ -61,17 +62,20 @@ def test_lazy_rows_equal_dense_sgd_over_warmup_and_cosine(kind, tmp_path):
         else:
             sampled = np.sort(rng.choice(np.arange(5, rows), size=6, replace=False))
         grad = torch.from_numpy(rng.normal(size=(sampled.size, dim)))
-        full_grad = torch.zeros(rows, dim, dtype=torch.float64)
-        full_grad[sampled] = grad
-        dense.grad = full_grad
-        reference.param_groups[0]["lr"] = lr
-        reference.step()
-
         weight, mom = working.gather(sampled, step)
         lazy.param_groups[0]["lr"] = lr
         leaf = weight.clone().requires_grad_(True)
         leaf.grad = grad
         lazy.set_pending(weight, mom, leaf, step)
+        if step in dropped:  # skip_step: dense SGD does not step at all, and no row may move
+            assert lazy.skip() == step
+            working.stepped(step)
+            continue
+        full_grad = torch.zeros(rows, dim, dtype=torch.float64)
+        full_grad[sampled] = grad
+        dense.grad = full_grad
+        reference.param_groups[0]["lr"] = lr
+        reference.step()
         lazy.step()
         working.stepped(step)
         if step == steps // 2:  # a checkpoint in the middle: every row brought to this step

@@ -58,6 +58,8 @@ def test_shipped_configs_load():
          r"objective.co2_temperature=0.01 is invalid: use a temperature >= 0.02"),
         ("data: {train_shards: x}\nlogging: {metrics_bind: localhost:9400}",
          r"logging.metrics_bind='localhost:9400' is invalid: use an IP address"),
+        ("data: {train_shards: x}\noptim: {on_nonfinite: ignore}", r"optim.on_nonfinite='ignore' is invalid: use 'stop' or 'skip_step'"),
+        ("data: {train_shards: x}\noptim: {max_skipped_in_a_row: 0}", r"optim.max_skipped_in_a_row=0 is invalid"),
         ("data: {train_shards: x}\neval: {every_epochs: -1}", r"eval.every_epochs=-1 is invalid: use 0 \(only at the end\)"),
         # YAML is read with the safe loader: a tag that would build a Python object is refused.
         ("data: {train_shards: !!python/object/apply:os.system [touch /tmp/instcls-yaml-ran]}",

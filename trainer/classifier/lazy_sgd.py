@@ -72,5 +72,15 @@ class LazyRowSGD:
         if self.after_step is not None:
             self.after_step(step)
 
+    def skip(self) -> int:
+        """Drop the pending step (a non-finite loss): its rows stay, and the step enters the
+        arithmetic of every other row as the identity.  Returns the step."""
+        if self._pending is None:
+            raise RuntimeError("LazyRowSGD.skip() without a loss: the objective must fetch rows first")
+        step = self._pending[3]
+        self._pending = None
+        self.transitions.push_skipped(step)
+        return step
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Nothing to clear: each step's leaf is new."""

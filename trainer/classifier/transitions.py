@@ -46,12 +46,20 @@ class StepTransitions:
 
     def push(self, step: int, lr: float) -> None:
         """Record step ``step`` (the next one) taken with learning rate ``lr``."""
+        self._append(step, self.matrix(lr))
+
+    def push_skipped(self, step: int) -> None:
+        """Record step ``step`` (the next one) as dropped: no row moved (``optim.on_nonfinite:
+        skip_step``), the identity, which no learning rate gives (it would need momentum 1)."""
+        self._append(step, _IDENTITY)
+
+    def _append(self, step: int, matrix: np.ndarray) -> None:
         if step != self.end:
             raise ValueError(f"step {step} recorded out of order: the next step to record is {self.end}")
         if self.count == self._size:
             self._grow()
         node = self._size + self.count
-        self._tree[node] = self.matrix(lr)
+        self._tree[node] = matrix
         self.count += 1
         node //= 2
         while node:

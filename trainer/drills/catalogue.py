@@ -229,6 +229,23 @@ def loss_becomes_nan(context: DrillContext) -> DrillResult:
         result.returncode != 0 and stopped and finite)
 
 
+def nan_step_skipped(context: DrillContext) -> DrillResult:
+    job = Job(context.directory("nan-step-skipped"), context.shards)
+    result = job.run(FOUR_STEPS + ["optim.on_nonfinite=skip_step", "checkpoint.every_steps=1", "checkpoint.keep=9"],
+                     resume="none", env=job_env(INSTCLS_FAILPOINT="train.nan_features,rank=1,step=3"))
+    skipped = [[r["step"] for r in job.log_records(rank) if r.get("event") == "nonfinite_step_skipped"] for rank in (0, 1)]
+    saved = {path.name for path in complete_checkpoints(job.checkpoints)}
+    steps = [checkpoint_name(step) for step in (2, 3, 4)]
+    difference = (state_difference(job.checkpoints / steps[1], job.checkpoints / steps[0], same_step=False)
+                  if set(steps) <= saved else f"checkpoints {sorted(saved)}, not those of steps 2-4")
+    return DrillResult(
+        "nan-step-skipped", "rank 1's features NaN at step 3, optim.on_nonfinite: skip_step",
+        f"exit {result.returncode}; step skipped on ranks 0/1: {skipped}; state after it vs before: "
+        f"{difference or 'bit-identical'}; {len(saved)} checkpoints to step 4",
+        "none: the model is exactly as before the bad step (its batch is not trained on, by policy)", None,
+        result.returncode == 0 and skipped == [[3], [3]] and difference is None and checkpoint_name(4) in saved)
+
+
 def metrics_port_taken(context: DrillContext) -> DrillResult:
     job = Job(context.directory("metrics-port-taken"), context.shards)
     with taken_port() as port:
@@ -333,6 +350,7 @@ DRILLS: dict[str, Callable[[DrillContext], DrillResult]] = {
     "disk-full-during-save": disk_full_during_save,
     "preempted-with-sigterm": preempted_with_sigterm,
     "loss-becomes-nan": loss_becomes_nan,
+    "nan-step-skipped": nan_step_skipped,
     "metrics-port-taken": metrics_port_taken,
     "rendezvous-port-taken": rendezvous_port_taken,
     "checkpoint-with-pickled-code": checkpoint_with_pickled_code,

@@ -94,17 +94,24 @@ def checkpoint_tensors(checkpoint: Path) -> dict[str, torch.Tensor]:
     return found
 
 
-def state_difference(checkpoint: Path, reference: Path) -> str | None:
-    """None when both checkpoints hold bit-identical training state, else the first difference."""
-    if checkpoint.name != reference.name:
-        return f"ended at {checkpoint.name}, the uninterrupted run at {reference.name}"
-    mine, theirs = checkpoint_tensors(checkpoint), checkpoint_tensors(reference)
+def state_difference(checkpoint: Path, reference: Path, same_step: bool = True) -> str | None:
+    """None when both checkpoints hold bit-identical training state, else the first difference.
+    ``same_step=False`` compares checkpoints of different steps (a dropped step's and the one
+    before it): the sampler's position then differs, as it should, and is left out."""
+    if same_step and checkpoint.name != reference.name:
+        return f"ended at {checkpoint.name}, the reference at {reference.name}"
+    mine, theirs = (_training_tensors(path, same_step) for path in (checkpoint, reference))
     if mine.keys() != theirs.keys():
         return f"different state entries: {sorted(mine.keys() ^ theirs.keys())[:3]}"
     for name, tensor in theirs.items():
         if not torch.equal(mine[name], tensor):
-            return f"{name} differs from the uninterrupted run"
+            return f"{name} differs from {reference.name}'s"
     return None
+
+
+def _training_tensors(checkpoint: Path, with_sampler: bool) -> dict[str, torch.Tensor]:
+    tensors = checkpoint_tensors(checkpoint)
+    return tensors if with_sampler else {k: v for k, v in tensors.items() if not k.startswith("components/sampler")}
 
 
 def consumed_ids(run_dir: Path) -> dict[int, list[int]]:

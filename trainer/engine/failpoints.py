@@ -10,6 +10,9 @@ Points: ``train.after_backward`` (gradients exist, nothing stepped), and in a ch
 ``checkpoint.before_engine``, ``checkpoint.after_engine`` (DeepSpeed files written, the rest not),
 ``checkpoint.after_components``, ``checkpoint.before_rename`` (manifest written, still ``.tmp``),
 ``checkpoint.after_rename`` (complete, older ones not yet pruned).
+
+One point corrupts instead of killing: ``train.nan_features`` (``poisoned``) makes the rank's
+features of that step NaN, as a bad batch or an overflow in the backbone would.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ POINTS = (
     "checkpoint.after_components",
     "checkpoint.before_rename",
     "checkpoint.after_rename",
+    "train.nan_features",
 )
 
 
@@ -53,14 +57,23 @@ def _armed() -> tuple[str, int | None, int | None] | None:
 _ARMED = _armed()
 
 
-def fail_point(name: str, step: int | None = None) -> None:
-    """SIGKILL this process here if the drill armed ``name`` for this rank and step."""
+def _armed_here(name: str, step: int | None) -> bool:
     if _ARMED is None or _ARMED[0] != name:
-        return
+        return False
     _, rank, at_step = _ARMED
     if rank is not None and rank != int(os.environ.get("RANK", "0")):
-        return
-    if at_step is not None and at_step != step:
+        return False
+    return at_step is None or at_step == step
+
+
+def poisoned(name: str, step: int | None = None) -> bool:
+    """True where the drill armed the corrupting point ``name`` for this rank and step."""
+    return _armed_here(name, step)
+
+
+def fail_point(name: str, step: int | None = None) -> None:
+    """SIGKILL this process here if the drill armed ``name`` for this rank and step."""
+    if not _armed_here(name, step):
         return
     # the time lets a drill measure recovery from the moment of the fault
     print(f"instcls: fail point {name} (step {step}): killing rank {os.environ.get('RANK', '0')} with SIGKILL "

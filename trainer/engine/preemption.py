@@ -4,11 +4,14 @@ The SIGTERM handler only sets a flag.  At step boundaries all ranks agree on it 
 all-reduce on the gloo control group (a CPU tensor, so no GPU sync), then save and exit 0.  A
 non-finite loss is remembered on the device without a sync and checked on log steps; before every
 checkpoint the parameters are checked too, so a poisoned model is never saved as a good one.
+Under ``optim.on_nonfinite: skip_step`` the same per-step all-reduce also carries whether this
+rank's loss is finite, so every rank agrees to drop a step without a collective of its own.
 """
 
 from __future__ import annotations
 
 import signal
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -16,6 +19,11 @@ import torch.distributed as dist
 
 class NonFiniteLossError(RuntimeError):
     pass
+
+
+class StepAgreement(NamedTuple):
+    stop: bool
+    nonfinite: bool
 
 
 class StopSignal:
@@ -29,10 +37,18 @@ class StopSignal:
 
     def agreed(self) -> bool:
         """True on every rank once any rank got SIGTERM (collective: call on all ranks)."""
-        flag = torch.tensor([int(self._requested)])
+        return self.agree().stop
+
+    def agree(self, loss: torch.Tensor | None = None) -> StepAgreement:
+        """What every rank agrees on this step (collective: call on all ranks): ``stop``, any rank
+        got SIGTERM; with ``loss``, ``nonfinite``, any rank's loss is NaN or inf (reading it waits
+        for the device to finish the forward)."""
+        flags = torch.tensor([int(self._requested), 0])
+        if loss is not None:
+            flags[1] = int(not torch.isfinite(loss.detach()).all().item())
         if self._control_group is not None:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._control_group)
-        return bool(flag.item())
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._control_group)
+        return StepAgreement(stop=bool(flags[0]), nonfinite=bool(flags[1]))
 
     def restore(self) -> None:
         signal.signal(signal.SIGTERM, self._previous)

@@ -9,12 +9,14 @@ One step on each rank::
 
 The trainer never names a method: everything method-specific is behind ``trainer.objectives``.
 Host syncs happen only on log steps (loss value, input validation, NaN check, comm timers) and
-for the one tiny CPU all-reduce per step that agrees on SIGTERM.
+for the one tiny CPU all-reduce per step that agrees on SIGTERM (under ``optim.on_nonfinite:
+skip_step`` it also agrees, before the backward, whether any rank's loss is finite).
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -31,8 +33,8 @@ from trainer.engine.checkpoint import (
     save_checkpoint,
 )
 from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, load_deepspeed_config, plain_model_from_engine
-from trainer.engine.failpoints import fail_point
-from trainer.engine.preemption import NonFiniteWatch, StopSignal
+from trainer.engine.failpoints import fail_point, poisoned
+from trainer.engine.preemption import NonFiniteLossError, NonFiniteWatch, StopSignal
 from trainer.engine.schedule import LRSchedule, scaled_lr, set_lr
 from trainer.evaluation.scoring import FrozenFeatureScores
 from trainer.observability.memory import peak_rss_bytes
@@ -75,9 +77,11 @@ class Trainer:
         peak_lr = scaled_lr(config.optim.base_lr, config.optim.base_batch, self.global_batch)
 
         # The objective validates its settings against the data before DeepSpeed starts.
+        self.skip_nonfinite = config.optim.on_nonfinite == "skip_step"
         context = ObjectiveContext(
             dims=dims, num_instances=manifest.num_instances, feature_dim=config.model.feature_dim, seed=config.seed,
-            optim=OptimSettings(momentum=config.optim.momentum, weight_decay=config.optim.weight_decay),
+            optim=OptimSettings(momentum=config.optim.momentum, weight_decay=config.optim.weight_decay,
+                                skips_nonfinite_steps=self.skip_nonfinite),
         )
         self.objective = build_objective(config.objective, context)
 
@@ -115,6 +119,7 @@ class Trainer:
         self.metrics.epochs_planned.set(config.optim.epochs)
         self.stop_signal = StopSignal(dims.control_group)
         self.nonfinite = NonFiniteWatch(dims.device)
+        self.skipped_in_a_row = 0
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -222,7 +227,7 @@ class Trainer:
                 self._skipped(batch.skipped)
             step_start = time.perf_counter()
             log_step = (state.global_step + 1) % config.logging.log_every == 0 or state.global_step == 0
-            loss = self._step(batch, validate=log_step)
+            loss, stop_agreed = self._step(batch, validate=log_step)
             state.global_step += 1
             state.step_in_epoch += 1
             if config.logging.consumed_ids:  # padding repeats are not consumed
@@ -245,7 +250,7 @@ class Trainer:
             every = config.checkpoint.every_steps
             if every and state.global_step % every == 0:
                 self._save()
-            if self.stop_signal.agreed():
+            if stop_agreed if stop_agreed is not None else self.stop_signal.agreed():
                 self._say(f"SIGTERM: saving at step {state.global_step} and exiting")
                 self._save()
                 mark_clean_stop(dims.rank)
@@ -276,23 +281,35 @@ class Trainer:
         features: list[torch.Tensor | None] = [None] * len(batch.views)
         for indices in by_size.values():
             outputs = self.engine(torch.cat([batch.views[i] for i in indices]).to(self.dtype))
+            if poisoned("train.nan_features", self.state.global_step + 1):  # the drills' bad batch
+                outputs = outputs * float("nan")
             for index, output in zip(indices, outputs.chunk(len(indices))):
                 features[index] = output
         return [View(features=f, kind=kind, index=i) for i, (f, kind) in enumerate(zip(features, batch.view_kinds))]
 
-    def _step(self, batch, validate: bool) -> torch.Tensor:
+    def _step(self, batch, validate: bool) -> tuple[torch.Tensor, bool | None]:
+        """One step; returns its loss and, under ``skip_step``, the SIGTERM agreement it already
+        reached (None: not reached yet)."""
         lr = self.schedule.lr_at(self.state.global_step)
         optimizers = self.objective.optimizers()
         for optimizer in (self.backbone_optimizer, *optimizers):
             set_lr(optimizer, lr)
         self.metrics.lr.set(lr)
         sampler, epoch = self.train_loader.sampler, self.state.epoch
+        buffers = self._buffers_before_forward() if self.skip_nonfinite else None
         step = StepViews(views=self._forward_views(batch), instance_ids=batch.instance_ids, valid=batch.valid,
                          global_valid=batch.global_valid, epoch=epoch, step=self.state.global_step,
                          validate=validate, global_batch=sampler.step(epoch, batch.step),
                          next_global_batch=self._next_global_batch(epoch, batch.step))
         out = self.objective.loss(step)
         loss = out.loss
+        stop_agreed = None
+        if self.skip_nonfinite:
+            stop_agreed, nonfinite = self.stop_signal.agree(loss)
+            if nonfinite:
+                self._skip_step(buffers)
+                return loss.detach(), stop_agreed
+            self.skipped_in_a_row = 0
         self.engine.backward(loss)
         fail_point("train.after_backward", self.state.global_step + 1)  # the fault drills' node loss mid-step
         self.engine.step()
@@ -301,7 +318,32 @@ class Trainer:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         self.nonfinite.observe(loss)
-        return (loss if out.reported is None else out.reported).detach()
+        return (loss if out.reported is None else out.reported).detach(), stop_agreed
+
+    def _buffers_before_forward(self) -> list[torch.Tensor]:
+        """BatchNorm's running statistics change in the forward: a copy (kilobytes) to put back
+        if the step is dropped, since one NaN batch would make them NaN for good."""
+        return [buffer.clone() for buffer in self.engine.module.buffers()]
+
+    def _skip_step(self, buffers: list[torch.Tensor]) -> None:
+        """Drop this step on every rank: nothing was backpropagated or stepped; the forward's
+        changes are undone.  Too many in a row stop the run as ``on_nonfinite: stop`` would."""
+        with torch.no_grad():
+            for buffer, before in zip(self.engine.module.buffers(), buffers):
+                buffer.copy_(before)
+        self.objective.skip_step()
+        self.skipped_in_a_row += 1
+        step = self.state.global_step + 1
+        self.metrics.nonfinite_skipped.inc()
+        self.log.write(event="nonfinite_step_skipped", step=step, in_a_row=self.skipped_in_a_row)
+        self._say(f"step {step}: a rank's loss was NaN or inf; the step was skipped on every rank "
+                  f"({self.skipped_in_a_row} in a row)")
+        if self.skipped_in_a_row >= self.config.optim.max_skipped_in_a_row:
+            raise NonFiniteLossError(
+                f"{self.skipped_in_a_row} steps in a row up to step {step} had a NaN or inf loss "
+                f"(optim.max_skipped_in_a_row={self.config.optim.max_skipped_in_a_row}): the model, not a batch, has "
+                f"gone bad. Last good checkpoint: {self.last_checkpoint or 'none'}. Lower optim.base_lr or check the "
+                "data with `instcls validate-shards`, then resume with --resume auto.")
 
     def _next_global_batch(self, epoch: int, step_in_epoch: int):
         """The sampler's next step after ``(epoch, step_in_epoch)``, or None at the end of the run."""
@@ -317,7 +359,9 @@ class Trainer:
         objective_metrics = self._objective_metrics()
         self.metrics.loss.set(loss_value)
         self.metrics.set_memory(memory)
-        self.log.write(event="step", epoch=self.state.epoch, step=self.state.global_step, loss=round(loss_value, 5),
+        # null, not NaN, for a skipped step's loss: strict JSON readers (jq, log shippers) reject NaN
+        self.log.write(event="step", epoch=self.state.epoch, step=self.state.global_step,
+                       loss=round(loss_value, 5) if math.isfinite(loss_value) else None,
                        lr=self.schedule.lr_at(self.state.global_step - 1), images_per_s=round(images_per_second, 2),
                        data_wait_s=round(data_wait, 4), memory_bytes=memory,
                        **{f"objective_{name}": round(value, 4) for name, value in objective_metrics.items()})

@@ -77,6 +77,7 @@ class OptimSettings:
 
     momentum: float
     weight_decay: float
+    skips_nonfinite_steps: bool = False  # optim.on_nonfinite: skip_step (updates must wait for the decision)
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,11 @@ class Objective:
 
     def after_backward(self) -> None:
         """After the backward, before the optimizers step (gradient averaging, corrections)."""
+
+    def skip_step(self) -> None:
+        """Called instead of the backward, ``after_backward`` and the optimizers when some rank's
+        loss of this step is NaN or inf (``optim.on_nonfinite: skip_step``): every state must be as
+        it was before ``loss()``, so ``loss()`` must not change state that this cannot restore."""
 
     def metrics(self) -> dict[str, float]:
         """Host values for the log (called on log steps and at epoch ends).  ``comm_seconds``, if

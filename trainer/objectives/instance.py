@@ -116,6 +116,10 @@ class InstanceObjective(Objective):
             dims,
         )
         optim = context.optim
+        if config.update_in_backward and optim.skips_nonfinite_steps:
+            raise ValueError("objective.update_in_backward=true is invalid with optim.on_nonfinite: skip_step: the "
+                             "update inside the backward happens before a non-finite step could be skipped; set "
+                             "update_in_backward: false (W's gradient then exists for one step) or on_nonfinite: stop")
         if config.update_in_backward:
             self.optimizer = self.classifier.use_in_backward_sgd(0.0, optim.momentum, optim.weight_decay)
         else:  # fused: no W-sized temporaries in the update

@@ -189,10 +189,12 @@ class PicObjective(Objective):
         self._fetch_seconds += time.perf_counter() - start
         return rows, weight, momentum
 
-    def _after_step(self, step: int) -> None:
-        """After the update of ``step``: remember its ids, start reading the next step's new rows."""
+    def _after_step(self, step: int, updated: bool = True) -> None:
+        """After the update of ``step``: remember its ids (not those of a dropped step, whose rows
+        did not learn them), start reading the next step's new rows."""
         self.working.stepped(step)
-        self.recent.push(self._pushed_ids)
+        if updated:
+            self.recent.push(self._pushed_ids)
         self.next_step = step + 1
         if self._pool is not None and self._next_batch is not None:
             sampled = self._sampled_ids(self._next_batch)
@@ -265,6 +267,10 @@ class PicObjective(Objective):
             grad = leaf.grad  # the same rows on every replica: average their gradients
             grad.div_(self.context.dims.world_size // self.context.dims.classifier_parallel_size)
             all_reduce_(grad, torch.distributed.ReduceOp.SUM, self.replica_group, self.comm_timer)
+
+    def skip_step(self) -> None:
+        """The fetched rows were only brought forward (exact, no update), so they may stay held."""
+        self._after_step(self.optimizer.skip(), updated=False)
 
     def metrics(self) -> dict[str, float]:
         metrics = {"comm_seconds": self.comm_timer.drain(), "sampled_rows": float(self._sampled_rows),

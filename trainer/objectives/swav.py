@@ -102,6 +102,8 @@ class SwavObjective(Objective):
         self.queued = 0  # features pushed over all ranks (host count, the same everywhere): full at queue_length
         self.comm_timer = CommTimer()
         self._step = 0
+        self._to_queue: torch.Tensor | None = None  # this step's global-crop features, queued after its backward
+        self._prototypes_before_step: torch.Tensor | None = None  # under skip_step: before this step's normalising
         self._sinkhorn_seconds, self._sinkhorn_steps = 0.0, 0
         self._usage = self._entropy = None
         self._losses_near_ln_k = 0
@@ -120,7 +122,11 @@ class SwavObjective(Objective):
     def loss(self, step: StepViews) -> LossOut:
         config, dims = self.config, self.context.dims
         self._step = step.step
-        if step.step >= config.freeze_prototypes_steps:
+        normalizing = step.step >= config.freeze_prototypes_steps
+        # A dropped step (skip_step) puts back what its normalising changed.
+        self._prototypes_before_step = self.prototypes.detach().clone() if (
+            normalizing and self.context.optim.skips_nonfinite_steps) else None
+        if normalizing:
             # SwAV normalises them before every step, outside autograd (frozen ones are still unit
             # rows from the initialisation: re-normalising would only flip last bits).
             with torch.no_grad():
@@ -139,8 +145,9 @@ class SwavObjective(Objective):
         self._sinkhorn_seconds += time.perf_counter() - started
         self._sinkhorn_steps += 1
         # A padded step (an epoch's last) is not queued: its repeats would later count as samples.
-        if global_valid is None or global_valid == step.valid.shape[0] * dims.world_size:
-            self._push_queue(features, code_views)
+        # Queued after the backward, so that a dropped step (skip_step) leaves the queue as it was.
+        if self.queue is not None and (global_valid is None or global_valid == step.valid.shape[0] * dims.world_size):
+            self._to_queue = torch.stack([features[i].detach() for i in code_views], dim=1)  # [b, crops, D]
 
         per_sample = torch.zeros_like(valid)
         for i in code_views:
@@ -178,10 +185,7 @@ class SwavObjective(Objective):
         return self.queue[:, slot]
 
     @torch.no_grad()
-    def _push_queue(self, features, code_views) -> None:
-        if self.queue is None:
-            return
-        latest = torch.stack([features[i].detach() for i in code_views], dim=1)  # [b, crops, D]
+    def _push_queue(self, latest: torch.Tensor) -> None:
         if self.queue.shape[1] != latest.shape[1]:  # first push (or another number of global crops)
             self.queue = torch.zeros(self.queue.shape[0], latest.shape[1], latest.shape[2], device=latest.device)
         keep = self.queue.shape[0] - latest.shape[0]
@@ -189,10 +193,19 @@ class SwavObjective(Objective):
         self.queued = min(self.config.queue_length, self.queued + latest.shape[0] * self.context.dims.world_size)
 
     def after_backward(self) -> None:
+        if self._to_queue is not None:
+            self._push_queue(self._to_queue)
+            self._to_queue = None
         if self._step < self.config.freeze_prototypes_steps:
             self.prototypes.grad = None  # frozen: SGD skips a parameter without gradient entirely
         else:
             average_gradients([self.prototypes], self.context.dims)
+
+    def skip_step(self) -> None:
+        self._to_queue = None
+        if self._prototypes_before_step is not None:
+            with torch.no_grad():
+                self.prototypes.copy_(self._prototypes_before_step)
 
     # -- observability ---------------------------------------------------------------------------
 

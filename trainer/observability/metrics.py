@@ -56,6 +56,8 @@ class TrainingMetrics:
         self.data_wait = counter("instcls_data_wait_seconds_total", "Time the step waited for the data loader.")
         self.bad_samples = counter("instcls_bad_samples_skipped_total",
                                    "Unreadable samples skipped (data.loader.on_bad_sample: skip).")
+        self.nonfinite_skipped = counter("instcls_nonfinite_steps_skipped_total",
+                                         "Steps dropped because a rank's loss was NaN or inf (optim.on_nonfinite: skip_step).")
         self.loss = gauge("instcls_loss", "Training loss at the last log step.")
         self.lr = gauge("instcls_learning_rate", "Current learning rate.")
         self.memory = gauge("instcls_memory_bytes", "Memory of this rank (CUDA allocated/reserved, or CPU RSS).", ["kind"])

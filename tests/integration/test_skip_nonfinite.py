@@ -1,0 +1,60 @@
+"""``optim.on_nonfinite: skip_step`` through the real trainer on 2 CPU ranks.  The drills' bad batch
+(``train.nan_features``) makes rank 1's features NaN at step 3; every rank must drop that step,
+which leaves the whole training state (backbone, its momentum, BatchNorm statistics, the
+objective's rows, momentum and queues) bit-identical to step 2's, and training goes on."""
+
+import json
+import subprocess
+
+import pytest
+
+from tests.helpers.training import FAST, REPO
+from trainer.drills.jobs import checkpoint_tensors, job_env, state_difference, train_command
+from trainer.engine.checkpoint import checkpoint_name
+
+SKIP = FAST + ["optim.on_nonfinite=skip_step", "logging.log_every=1"]
+
+
+def _train(run_dir, shards, overrides, config="digits_cpu.yaml", failpoint="train.nan_features,rank=1,step=3"):
+    return subprocess.run(train_command(run_dir, shards, 2, overrides, config=config), cwd=REPO, capture_output=True,
+                          text=True, timeout=600, env=job_env(INSTCLS_FAILPOINT=failpoint))
+
+
+
+
+@pytest.mark.parametrize("config, overrides", [
+    ("digits_cpu.yaml", []),
+    pytest.param("digits_cpu.yaml", ["deepspeed_config=ds_configs/zero3.json"], marks=pytest.mark.slow, id="zero3"),
+    pytest.param("pic_demo_cpu.yaml", [], marks=pytest.mark.slow, id="pic"),
+    # the queue is in use from the first step, so the dropped step's features must not enter it
+    pytest.param("swav_demo_cpu.yaml", ["objective.queue_start_epoch=0"], marks=pytest.mark.slow, id="swav"),
+])
+def test_a_nan_step_is_dropped_on_every_rank_and_changes_no_state(digits_split, tmp_path, config, overrides):
+    run_dir = tmp_path / "run"
+    result = _train(run_dir, digits_split, SKIP + overrides + ["checkpoint.every_steps=1", "checkpoint.keep=9",
+                                                               "max_steps=4"], config)
+    assert result.returncode == 0, result.stderr[-4000:]
+    for rank in (0, 1):
+        records = [json.loads(line) for line in (run_dir / "logs" / f"rank-{rank:05d}.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records if r["event"] == "nonfinite_step_skipped"] == [3], f"rank {rank}"
+        assert [r["loss"] is None for r in records if r["event"] == "step"] == [False, False, True, False]
+    before, dropped, after = (run_dir / "checkpoints" / checkpoint_name(step) for step in (2, 3, 4))
+    assert state_difference(dropped, before, same_step=False) is None
+    assert state_difference(after, dropped, same_step=False) is not None, "step 4 trained nothing"
+    assert all(t.isfinite().all() for t in checkpoint_tensors(after).values() if t.is_floating_point())
+
+
+def test_nan_at_every_step_stops_after_max_skipped_in_a_row(digits_split, tmp_path):
+    result = _train(tmp_path / "run", digits_split, SKIP + ["optim.max_skipped_in_a_row=2", "max_steps=6"],
+                    failpoint="train.nan_features,rank=1")
+    assert result.returncode != 0
+    assert "2 steps in a row up to step 2 had a NaN or inf loss" in result.stderr
+
+
+def test_skip_step_refuses_the_update_inside_the_backward(digits_split, tmp_path):
+    """That update happens before the step could be dropped: a clear error before any training."""
+    result = subprocess.run(train_command(tmp_path, digits_split, 1, SKIP + ["objective.update_in_backward=true"]),
+                            cwd=REPO, capture_output=True, text=True, timeout=300, env=job_env())
+    assert result.returncode != 0
+    assert "objective.update_in_backward=true is invalid with optim.on_nonfinite: skip_step" in result.stderr
+    assert not (tmp_path / "checkpoints").exists()
