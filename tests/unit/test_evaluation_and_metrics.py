@@ -50,6 +50,9 @@ def test_exporter_serves_every_metric_with_rank_labels():
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     for name in METRIC_NAMES:
         assert f"\n{name}" in text or text.startswith(name) or f"# TYPE {name}" in text, name
+    # and the list is complete: the dashboard test checks its queries against it
+    served = {family.name + ("_total" if family.type == "counter" else "") for family in metrics.registry.collect()}
+    assert served == set(METRIC_NAMES)
     assert 'instcls_samples_processed_total{rank="3"} 64.0' in text
     assert 'instcls_memory_bytes{kind="rss",rank="3"} 1234.0' in text
     assert 'instcls_step_duration_seconds_bucket{le="0.25",rank="3"} 1.0' in text

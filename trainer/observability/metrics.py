@@ -32,6 +32,8 @@ METRIC_NAMES = (
     "instcls_steps_per_epoch",
     "instcls_epochs_planned",
     "instcls_eval_knn_accuracy",
+    "instcls_bad_samples_skipped_total",
+    "instcls_nonfinite_steps_skipped_total",
 )
 
 
