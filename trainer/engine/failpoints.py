@@ -11,7 +11,7 @@ Points: ``train.after_backward`` (gradients exist, nothing stepped), and in a ch
 ``checkpoint.after_components``, ``checkpoint.before_rename`` (manifest written, still ``.tmp``),
 ``checkpoint.after_rename`` (complete, older ones not yet pruned).
 
-One point corrupts instead of killing: ``train.nan_features`` (``poisoned``) makes the rank's
+One point corrupts instead of killing: ``train.nan_features`` (``armed``) makes the rank's
 features of that step NaN, as a bad batch or an overflow in the backbone would.
 """
 
@@ -57,7 +57,9 @@ def _armed() -> tuple[str, int | None, int | None] | None:
 _ARMED = _armed()
 
 
-def _armed_here(name: str, step: int | None) -> bool:
+def armed(name: str, step: int | None = None) -> bool:
+    """True where the drill armed ``name`` for this rank and step (a corrupting point then acts;
+    ``fail_point`` kills)."""
     if _ARMED is None or _ARMED[0] != name:
         return False
     _, rank, at_step = _ARMED
@@ -66,14 +68,9 @@ def _armed_here(name: str, step: int | None) -> bool:
     return at_step is None or at_step == step
 
 
-def poisoned(name: str, step: int | None = None) -> bool:
-    """True where the drill armed the corrupting point ``name`` for this rank and step."""
-    return _armed_here(name, step)
-
-
 def fail_point(name: str, step: int | None = None) -> None:
     """SIGKILL this process here if the drill armed ``name`` for this rank and step."""
-    if not _armed_here(name, step):
+    if not armed(name, step):
         return
     # the time lets a drill measure recovery from the moment of the fault
     print(f"instcls: fail point {name} (step {step}): killing rank {os.environ.get('RANK', '0')} with SIGKILL "

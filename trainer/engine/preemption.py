@@ -11,6 +11,7 @@ rank's loss is finite, so every rank agrees to drop a step without a collective 
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -74,9 +75,12 @@ class NonFiniteWatch:
         if control_group is not None:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=control_group)
         if flag.item():
-            raise NonFiniteLossError(
-                f"the loss or the parameters became NaN or inf by step {step}; nothing was saved after it. Last good checkpoint: "
-                f"{last_good or 'none'}. Lower optim.base_lr, check the data with `instcls validate-shards` (an "
-                "instance id outside [0, N) also makes its sample's loss NaN), or "
-                "use an fp32 DeepSpeed config, then resume with --resume auto."
-            )
+            raise NonFiniteLossError(f"the loss or the parameters became NaN or inf by step {step}; nothing was saved "
+                                     f"after it. {what_to_do_after_nonfinite(last_good)}")
+
+
+def what_to_do_after_nonfinite(last_good: str | Path | None) -> str:
+    """The end of every non-finite stop's message: where to resume from and what to change first."""
+    return (f"Last good checkpoint: {last_good or 'none'}. Lower optim.base_lr, check the data with `instcls "
+            "validate-shards` (an instance id outside [0, N) also makes its sample's loss NaN), or use an fp32 "
+            "DeepSpeed config, then resume with --resume auto.")

@@ -33,8 +33,8 @@ from trainer.engine.checkpoint import (
     save_checkpoint,
 )
 from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, load_deepspeed_config, plain_model_from_engine
-from trainer.engine.failpoints import fail_point, poisoned
-from trainer.engine.preemption import NonFiniteLossError, NonFiniteWatch, StopSignal
+from trainer.engine.failpoints import armed, fail_point
+from trainer.engine.preemption import NonFiniteLossError, NonFiniteWatch, StopSignal, what_to_do_after_nonfinite
 from trainer.engine.schedule import LRSchedule, scaled_lr, set_lr
 from trainer.evaluation.scoring import FrozenFeatureScores
 from trainer.observability.memory import peak_rss_bytes
@@ -281,7 +281,7 @@ class Trainer:
         features: list[torch.Tensor | None] = [None] * len(batch.views)
         for indices in by_size.values():
             outputs = self.engine(torch.cat([batch.views[i] for i in indices]).to(self.dtype))
-            if poisoned("train.nan_features", self.state.global_step + 1):  # the drills' bad batch
+            if armed("train.nan_features", self.state.global_step + 1):  # the drills' bad batch
                 outputs = outputs * float("nan")
             for index, output in zip(indices, outputs.chunk(len(indices))):
                 features[index] = output
@@ -342,8 +342,7 @@ class Trainer:
             raise NonFiniteLossError(
                 f"{self.skipped_in_a_row} steps in a row up to step {step} had a NaN or inf loss "
                 f"(optim.max_skipped_in_a_row={self.config.optim.max_skipped_in_a_row}): the model, not a batch, has "
-                f"gone bad. Last good checkpoint: {self.last_checkpoint or 'none'}. Lower optim.base_lr or check the "
-                "data with `instcls validate-shards`, then resume with --resume auto.")
+                f"gone bad. {what_to_do_after_nonfinite(self.last_checkpoint)}")
 
     def _next_global_batch(self, epoch: int, step_in_epoch: int):
         """The sampler's next step after ``(epoch, step_in_epoch)``, or None at the end of the run."""
