@@ -3,7 +3,8 @@
 # Build from the repository root:  docker build -t instcls:0.1.0 .
 FROM python:3.11-slim-bookworm
 
-# tar: DALI's index writer; g++: DeepSpeed JIT-compiles small ops (e.g. its CPU shared-memory comm).
+# tar: DALI's index writer; g++: DeepSpeed JIT-compiles small ops (e.g. its CPU shared-memory comm), and
+# CPU ranks build CO2's backward kernel.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends tar g++ \
     && rm -rf /var/lib/apt/lists/*
@@ -29,11 +30,11 @@ RUN useradd --create-home --uid 1000 instcls \
     && mkdir -p /data /checkpoints \
     && chown instcls:instcls /data /checkpoints
 USER instcls
-# DeepSpeed's JIT op cache must be writable by the non-root user.
-ENV TORCH_EXTENSIONS_DIR=/home/instcls/.cache/torch_extensions
-# torch.compile's kernels (CO2's fused chunk math) and Triton's cache go to /tmp, which the k8s
-# manifests mount writable under their read-only root filesystem.
-ENV TORCHINDUCTOR_CACHE_DIR=/tmp/torchinductor \
+# JIT-built code goes to /tmp, which the k8s manifests mount writable under their read-only root
+# filesystem: C++ extensions (DeepSpeed's ops; on CPU ranks, CO2's backward kernel), inductor's
+# kernels (CO2's fused chunk math) and Triton's cache.
+ENV TORCH_EXTENSIONS_DIR=/tmp/torch_extensions \
+    TORCHINDUCTOR_CACHE_DIR=/tmp/torchinductor \
     TRITON_CACHE_DIR=/tmp/triton
 
 # `instcls launch ...` is torchrun with Kubernetes-friendly exit codes (see k8s/).

@@ -140,12 +140,12 @@ def test_compiled_chunk_math_equals_the_same_code_run_eagerly(kernel_temperature
 def test_a_failed_compile_runs_the_function_eagerly_with_a_warning(monkeypatch, caplog):
     from trainer.classifier import fusion
 
-    def broken_compile(fn, **kwargs):
+    def broken_compile(graph, example_inputs):
         def compiled(*args):
             raise RuntimeError("no C++ compiler found")
         return compiled
 
-    monkeypatch.setattr(fusion.torch, "compile", broken_compile)
+    monkeypatch.setattr(fusion.torch._inductor, "compile", broken_compile)
     doubled = fusion.fused(lambda x: x * 2)
     with caplog.at_level("WARNING", logger=fusion.__name__):
         assert torch.equal(doubled(torch.ones(3)), torch.full((3,), 2.0))
@@ -153,3 +153,36 @@ def test_a_failed_compile_runs_the_function_eagerly_with_a_warning(monkeypatch, 
     caplog.clear()
     assert torch.equal(doubled(torch.ones(2)), torch.full((2,), 2.0))  # eager from then on, warned once
     assert caplog.text == ""
+
+
+@pytest.mark.parametrize("kernel_temperature, views, global_views, ranks, local", [
+    (0.15, 2, 2, 2, 16),  # tau / tau_con = 3: exp(s) = exp(z) ** 3; whole vectors only
+    (0.2, 2, 2, 3, 9),  # power 4, a partial vector per rank
+    (0.12, 3, 2, 1, 5),  # tau / tau_con = 2.4: a second exp2; a small crop beside two global views
+    (0.15, 4, 3, 2, 11),  # three global views (three pairs) and a small crop
+])
+def test_cpu_kernel_writes_the_reference_gradient_over_the_logits(kernel_temperature, views, global_views, ranks,
+                                                                   local):
+    from trainer.classifier.consistency import _ChunkMath, _grad_logits
+    from trainer.classifier.cpu_kernels import consistency_grad_kernel
+
+    kernel = consistency_grad_kernel()
+    assert kernel is not None  # a C++ compiler is part of the test environment, as inductor needs one
+    generator = torch.Generator().manual_seed(5)
+    settings = ConsistencySettings(0.05, views, global_views)
+    math_ = _ChunkMath.of(settings, kernel_temperature, ranks * views * local, ranks)
+    rows, columns = 37, ranks * views * local
+    logits = torch.randn(rows, columns, generator=generator) * 4
+    shift = torch.randn(columns, generator=generator) + 3
+    own = torch.full((columns,), -1.0)  # every third column has its own row in the chunk
+    own[::3] = torch.randint(0, rows, (len(own[::3]),), generator=generator).float()
+    own = own.view(math_.grid)
+    coefficients = torch.randn(3, len(settings.pairs), 2, ranks, local, generator=generator)
+    shift[0], coefficients[..., 0, 0] = float("inf"), 0.0  # column 0 is padding: its gradient is exactly 0
+    want = _grad_logits(logits, shift, torch.exp2(-shift), own, coefficients, math_)
+    written = logits.clone()
+    got = kernel(written, shift, torch.exp2(-shift), own, coefficients, ranks, views, global_views, math_.power or 0,
+                 math_.ratio)
+    assert got.data_ptr() == written.data_ptr()  # in place
+    assert torch.all(got[:, 0] == 0) and want.abs().max() > 1
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6 * want.abs().max().item())

@@ -15,7 +15,10 @@ One pass per chunk: the forward's sums (the kernel's own ``sum exp(z)`` included
 backward's ``dL/dz`` are each one function over the chunk's logits, which ``trainer.classifier.fusion``
 compiles into a single loop; eager PyTorch would read the chunk once per op (~25 passes).  Every
 value is indexed by (row, rank, sample) with the views as separate tensors, so all of a chunk's
-reductions share one iteration space and inductor fuses them.
+reductions share one iteration space and inductor fuses them.  On CPU ranks the backward's function
+runs as a C++ kernel instead (``trainer.classifier.cpu_kernels``), which writes ``dL/dz`` over the
+logits; inductor's result needs a block of its own, which a CPU reaches cache-cold.  The functions
+here remain the reference for it and the path on GPUs.
 
 Layout: the kernel's batch is the group's features in all-gather order, ``[ranks, views, b]``;
 the first ``global_views`` views take part (small crops do not: their similarity profile over the
@@ -31,11 +34,13 @@ from itertools import combinations
 
 import torch
 
+from trainer.classifier.cpu_kernels import consistency_grad_kernel
 from trainer.classifier.fusion import fused
 from trainer.classifier.losses import sum_over_valid
 from trainer.classifier.reductions import SampleColumns
 
 SUM_EXP = "co2_sum_exp"
+MAX_IN_PLACE_VIEWS = 4  # the global views csrc/consistency_grad.cpp is built for
 
 
 def _pair_column(pair: int) -> str:
@@ -93,11 +98,16 @@ class _ChunkMath:
             result = result * exps
         return result
 
-    def own_positions(self, own_row: torch.Tensor, own_inside: torch.Tensor) -> torch.Tensor:
-        """``[ranks, views, b]`` float position of each column's own row in the chunk, -1 where it is
-        elsewhere.  Computed before the fused function: int64 selects inside its loop do not
-        vectorise, and a float compare does."""
-        return torch.where(own_inside, own_row, -1).float().view(self.grid)
+    def own_positions_by_chunk(self, own_chunk: torch.Tensor, own_row: torch.Tensor, chunks: int) -> torch.Tensor:
+        """``[chunks, ranks, views, b]`` float position of each column's own row in each chunk, -1
+        where it is elsewhere: one table per pass, so a chunk costs an index rather than a few ops.
+        Floats, because an int64 select inside the fused loop does not vectorise and a float compare
+        does.  ``own_chunk``/``own_row``: ``[B]`` chunk (-1: none) and row of each column's own row."""
+        # One spare last row takes the columns whose own row is in no chunk (own_chunk == -1).
+        table = torch.full((chunks + 1, own_row.shape[0]), -1.0, device=own_row.device)
+        columns = torch.arange(own_row.shape[0], device=own_row.device)
+        table[own_chunk, columns] = own_row.float()
+        return table[:chunks].view(chunks, *self.grid)
 
     @staticmethod
     def without_own_rows(values: torch.Tensor, own_position: torch.Tensor) -> torch.Tensor:
@@ -107,10 +117,10 @@ class _ChunkMath:
 
 
 def _add_chunk_sums(kernel_sum: torch.Tensor, sum_exp: torch.Tensor, expect: torch.Tensor, logits: torch.Tensor,
-                    own: torch.Tensor, math_: _ChunkMath) -> None:
-    """Adds one chunk's sums: the kernel's own ``sum_j exp(z)`` of every column (``[B]``) and the
-    term's ``S`` (``[ranks, G, b]``) and ``U`` under each view of each pair (``[pairs, 2, ranks, b]``,
-    base-2 ``d``)."""
+                    own: torch.Tensor, math_: _ChunkMath) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The three sums plus one chunk's: the kernel's own ``sum_j exp(z)`` of every column (``[B]``)
+    and the term's ``S`` (``[ranks, G, b]``) and ``U`` under each view of each pair
+    (``[pairs, 2, ranks, b]``, base-2 ``d``)."""
     rows = logits.shape[0]
     grid = logits.view(rows, *math_.grid)
     kernel_sums, term_sums, term_exps = [], [], []
@@ -127,14 +137,13 @@ def _add_chunk_sums(kernel_sum: torch.Tensor, sum_exp: torch.Tensor, expect: tor
     chunk_kernel_sum = torch.stack(kernel_sums, dim=1)
     if math_.global_views < math_.grid[1]:  # small crops: the kernel's sum only
         chunk_kernel_sum = torch.cat([chunk_kernel_sum, torch.exp2(grid[:, :, math_.global_views:]).sum(0)], dim=1)
-    kernel_sum.add_(chunk_kernel_sum.view(-1))
-    sum_exp.add_(torch.stack(term_sums, dim=1))
-    expect.add_(torch.stack(expectations))
+    return (kernel_sum + chunk_kernel_sum.view(-1), sum_exp + torch.stack(term_sums, dim=1),
+            expect + torch.stack(expectations))
 
 
 def _grad_logits(logits: torch.Tensor, shift: torch.Tensor, column_factor: torch.Tensor,
-                 own: torch.Tensor, coefficients: torch.Tensor, math_: _ChunkMath) -> None:
-    """Overwrites one chunk's base-2 logits ``[rows, B]`` with ``exp2(z - shift) + dL_con/dz``
+                 own: torch.Tensor, coefficients: torch.Tensor, math_: _ChunkMath) -> torch.Tensor:
+    """``exp2(z - shift) + dL_con/dz`` ``[rows, B]`` from one chunk's base-2 logits ``z``
     (``coefficients`` ``[3, pairs, 2, ranks, b]``, see ``ConsistencyBackward``)."""
     rows = logits.shape[0]
     grid = logits.view(rows, *math_.grid)
@@ -156,10 +165,11 @@ def _grad_logits(logits: torch.Tensor, shift: torch.Tensor, column_factor: torch
             grads[view] = grads[view] + term_exps[view] * (offset + slope * difference) + term_exps[other] * other_factor
     for view in range(math_.global_views, math_.grid[1]):  # small crops: the kernel's part only
         grads.append(torch.exp2(grid[:, :, view] - shift_grid[:, view]))
-    # Over the logits, whose buffer is warm in cache and which no later step reads: a fresh result
-    # would cost cold memory.  Views are stacked first because inductor then computes each view's
-    # values once per element (per-view copies compute every view's expression and select).
-    logits.copy_(torch.stack(grads, dim=2).view(rows, -1))
+    # A fresh result: written over the logits, inductor would write this block anyway and copy it
+    # over them (it does not overwrite an input read across views).  Stacked, because inductor then
+    # computes each view's values once per element (per-view copies compute every view's expression
+    # and select).
+    return torch.stack(grads, dim=2).view(rows, -1)
 
 
 _fused_add_chunk_sums = fused(_add_chunk_sums)
@@ -170,22 +180,24 @@ class ConsistencyForward:
     """Accumulates the per-sample sums of the term over the chunks of the forward."""
 
     def __init__(self, settings: ConsistencySettings, kernel_temperature: float, batch: int, ranks: int,
-                 device: torch.device) -> None:
+                 own_chunk: torch.Tensor, own_row: torch.Tensor, chunks: int) -> None:
+        """``own_chunk``/``own_row``: ``[B]`` chunk (-1: none) and row there of each column's own
+        row; ``chunks``: how many chunks the pass has."""
         self.settings = settings
         self.math = _ChunkMath.of(settings, kernel_temperature, batch, ranks)
+        self.own = self.math.own_positions_by_chunk(own_chunk, own_row, chunks)
         ranks_, _, local = self.math.grid
-        self.sum_exp = torch.zeros(ranks_, settings.global_views, local, device=device)
-        self.expect = torch.zeros(len(settings.pairs), 2, ranks_, local, device=device)
+        self.sum_exp = torch.zeros(ranks_, settings.global_views, local, device=own_row.device)
+        self.expect = torch.zeros(len(settings.pairs), 2, ranks_, local, device=own_row.device)
 
-    def add_chunk(self, kernel_sum: torch.Tensor, logits: torch.Tensor, own_row: torch.Tensor,
-                  own_inside: torch.Tensor) -> None:
-        """Adds the chunk's sums, and its ``sum_j exp(z)`` to the kernel's ``kernel_sum`` ``[B]``.
-
-        ``logits``: the chunk's base-2 logits ``[rows, B]`` (left as they are);
-        ``own_row``/``own_inside``: ``[B]`` position of each column's own row in the chunk and
-        whether it is there."""
-        _fused_add_chunk_sums(kernel_sum, self.sum_exp, self.expect, logits, self.math.own_positions(own_row, own_inside),
-                              self.math, compiled=self.settings.compiled)
+    def add_chunk(self, kernel_sum: torch.Tensor, logits: torch.Tensor, chunk: int) -> torch.Tensor:
+        """Adds the chunk's sums; returns the kernel's ``kernel_sum`` ``[B]`` plus the chunk's
+        ``sum_j exp(z)``.  ``logits``: the chunk's base-2 logits ``[rows, B]`` (left as they are);
+        ``chunk``: its index in the pass."""
+        kernel_sum, self.sum_exp, self.expect = _fused_add_chunk_sums(
+            kernel_sum, self.sum_exp, self.expect, logits, self.own[chunk], self.math, compiled=self.settings.compiled
+        )
+        return kernel_sum
 
     def columns(self) -> SampleColumns:
         """The sums as ``[B]`` columns of the SUM all-reduce (0 in the other views' columns)."""
@@ -240,14 +252,20 @@ class ConsistencyBackward:
 
     def __init__(self, settings: ConsistencySettings, kernel_temperature: float, saved: ConsistencySaved,
                  grad_term: torch.Tensor, column_signs: torch.Tensor | None, shift_base2: torch.Tensor,
-                 ranks: int) -> None:
+                 ranks: int, own_chunk: torch.Tensor, own_row: torch.Tensor, chunks: int) -> None:
         """``grad_term``: ``[B]`` upstream gradient of the per-column term; ``column_signs``: ``[B]``
         signs the kernel applies to whole columns after the chunk loop (None: all +1), undone here;
-        ``shift_base2``: the kernel's ``[B]`` shift of its own softmax (``+inf`` zeroes a column)."""
+        ``shift_base2``: the kernel's ``[B]`` shift of its own softmax (``+inf`` zeroes a column);
+        the rest as in ``ConsistencyForward``."""
         self.settings = settings
         self.math = _ChunkMath.of(settings, kernel_temperature, grad_term.shape[0], ranks)
+        self.own = self.math.own_positions_by_chunk(own_chunk, own_row, chunks)
         grid = self.math.grid
-        self.shift_base2 = shift_base2
+        self.shift_base2 = shift_base2.contiguous()
+        # CPU ranks write dL/dz over the logits with a C++ kernel (see trainer.classifier.cpu_kernels).
+        self.in_place = None
+        if settings.compiled and shift_base2.device.type == "cpu" and settings.global_views <= MAX_IN_PLACE_VIEWS:
+            self.in_place = consistency_grad_kernel()
         self.column_factor = torch.exp2(-shift_base2)
         to_natural = self.math.ratio * math.log(2.0)
         grad_grid = grad_term.float().view(grid)
@@ -270,14 +288,16 @@ class ConsistencyBackward:
             coefficients.append(torch.stack([offset, slope, other]) * scale)
         self.coefficients = torch.stack(coefficients, dim=1)  # [3, pairs, 2, ranks, b]
 
-    def logits_to_grad(self, logits: torch.Tensor, own_row: torch.Tensor, own_inside: torch.Tensor) -> torch.Tensor:
-        """Overwrites the chunk's base-2 logits ``[rows, B]`` (unshifted) with its ``dL/dz`` before
-        the targets' part, ``exp2(logits - shift)`` plus the term's, and returns them;
-        ``own_row``/``own_inside``: ``[B]`` position of each column's own row in the chunk and
-        whether it is there."""
-        _fused_grad_logits(logits, self.shift_base2, self.column_factor, self.math.own_positions(own_row, own_inside),
-                           self.coefficients, self.math, compiled=self.settings.compiled)
-        return logits
+    def grad_logits(self, logits: torch.Tensor, chunk: int) -> torch.Tensor:
+        """The chunk's ``dL/dz`` ``[rows, B]`` before the targets' part, ``exp2(logits - shift)`` plus
+        the term's, from its unshifted base-2 logits (contiguous fp32; overwritten by the CPU kernel,
+        left as they are otherwise); ``chunk``: its index."""
+        if self.in_place is not None:
+            ranks, views, _ = self.math.grid
+            return self.in_place(logits, self.shift_base2, self.column_factor, self.own[chunk], self.coefficients, ranks,
+                                 views, self.math.global_views, self.math.power or 0, self.math.ratio)
+        return _fused_grad_logits(logits, self.shift_base2, self.column_factor, self.own[chunk], self.coefficients,
+                                  self.math, compiled=self.settings.compiled)
 
 
 def settings_for_views(temperature: float, view_kinds: list[str], compiled: bool = True) -> ConsistencySettings:

@@ -132,8 +132,9 @@ def _forward_chunks(scaled_features, weight, scored: ScoredRows, target_cols, se
                                device, gathers_rows=scored.indices is not None)
     targets = _TargetsByChunk(target_cols, settings.chunk_size)
     sums = None
-    if consistency is not None:
-        sums = ConsistencyForward(consistency, settings.temperature, batch, ranks, device)
+    if consistency is not None:  # targets' row 0: the instance's own
+        sums = ConsistencyForward(consistency, settings.temperature, batch, ranks, targets.chunk[0], targets.row[0],
+                                  scored.num_chunks(settings.chunk_size))
     for start, end in scored.chunks(settings.chunk_size):
         weight_hat, _ = workspace.normalized_rows(scored.read(weight, start, end, workspace.gathered_rows))
         out = workspace.logits(end - start) if cache is None else cache.chunk(start, end)
@@ -143,7 +144,7 @@ def _forward_chunks(scaled_features, weight, scored: ScoredRows, target_cols, se
         if sums is None:
             sum_exp += logits.exp2_().sum(dim=0)  # in place: the cache keeps exp(z)
         else:  # the logits stay (the cache keeps them for the term's backward)
-            sums.add_chunk(sum_exp, logits, target_rows[0], inside[0])  # targets' row 0: the instance's own
+            sum_exp = sums.add_chunk(sum_exp, logits, start // settings.chunk_size)
     return sum_exp, target_logits.t(), cache, sums
 
 
@@ -182,9 +183,10 @@ class _ShardedCosineCE(torch.autograd.Function):
         scaled_features, weight, target_cols, softmax_scale, log_normalizer, target_coef = ctx.saved_tensors
         consistency = None
         if ctx.consistency is not None:
-            def consistency(column_signs, shift_base2):
+            def consistency(column_signs, shift_base2, targets):
                 return ConsistencyBackward(ctx.consistency, ctx.settings.temperature, ctx.consistency_saved,
-                                           grad_term, column_signs, shift_base2, ctx.ranks)
+                                           grad_term, column_signs, shift_base2, ctx.ranks, targets.chunk[0],
+                                           targets.row[0], ctx.scored.num_chunks(ctx.settings.chunk_size))
         grad_features, grad_weight = _backward_chunks(
             scaled_features, weight, target_cols, grad_loss.float() * softmax_scale, log_normalizer,
             grad_loss.float()[:, None] * target_coef, ctx.settings, ctx.scored, ctx.cache, ctx.update_in_backward,
@@ -200,7 +202,7 @@ def _backward_chunks(scaled_features, weight, target_cols, row_scale, log_normal
                      settings: KernelSettings, scored: ScoredRows, cache: LogitsCache | None, update,
                      consistency=None):
     """``dL/dz_ij = row_scale_i exp(z_ij - log_normalizer_i) - target_grad_ik`` (plus the consistency
-    term's, when ``consistency(column_signs, shift_base2)`` builds its
+    term's, when ``consistency(column_signs, shift_base2, targets)`` builds its
     ``ConsistencyBackward``), pushed through the chunk matmuls into the features and (or the
     in-backward update of) the scored rows."""
     batch, dim = scaled_features.shape
@@ -228,8 +230,8 @@ def _backward_chunks(scaled_features, weight, target_cols, row_scale, log_normal
         signs = torch.where(row_scale < 0, -1.0, 1.0)
         target_grad = target_grad * signs[:, None]
         signed_features = scaled_features * signs[:, None].to(scaled_features.dtype)
-    term = None if consistency is None else consistency(signs, shift_base2)
     targets, minus_target_grad = _TargetsByChunk(target_cols, settings.chunk_size), -target_grad.t()
+    term = None if consistency is None else consistency(signs, shift_base2, targets)
     for start, end in scored.chunks(settings.chunk_size):
         weight_hat, norm = workspace.normalized_rows(scored.read(weight, start, end, workspace.gathered_rows))
         grad_logits = workspace.logits(end - start)
@@ -238,10 +240,10 @@ def _backward_chunks(scaled_features, weight, target_cols, row_scale, log_normal
             torch.mul(cache.chunk(start, end), cache_scale, out=grad_logits)
         elif term is None:
             workspace.cosine_logits(scaled_features, weight_hat, grad_logits, shift_base2).exp2_()
-        else:  # the unshifted logits (the cache's are not read again), turned into dL/dz in place
+        else:  # dL/dz from the unshifted logits (the cache's, or recomputed into the buffer)
             logits = cache.chunk(start, end) if cache is not None else workspace.cosine_logits(
                 scaled_features, weight_hat, grad_logits)
-            grad_logits = term.logits_to_grad(logits, target_rows[0], inside[0])
+            grad_logits = term.grad_logits(logits, start // settings.chunk_size)
         grad_logits.scatter_add_(0, target_rows, torch.where(inside, minus_target_grad, 0.0))
         workspace.add_grad_features(grad_features, grad_logits, weight_hat)
         rows = scored.rows_of(start, end)

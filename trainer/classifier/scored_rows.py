@@ -31,6 +31,9 @@ class ScoredRows:
         for start in range(0, self.count, chunk_size):
             yield start, min(start + chunk_size, self.count)
 
+    def num_chunks(self, chunk_size: int) -> int:
+        return -(-self.count // chunk_size)
+
     def read(self, weight: torch.Tensor, start: int, end: int, gather_buffer: torch.Tensor) -> torch.Tensor:
         """Rows of W at positions ``[start, end)``: a view for windows, gathered into the buffer otherwise."""
         if self.indices is None:
