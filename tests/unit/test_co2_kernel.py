@@ -132,7 +132,8 @@ def test_compiled_chunk_math_equals_the_same_code_run_eagerly(kernel_temperature
     from trainer.classifier import consistency
 
     assert eager[1].abs().max() > 1e-3  # the term is not zero
-    assert not consistency._fused_add_chunk_sums.fell_back and not consistency._fused_grad_logits.fell_back
+    assert not consistency._fused_add_chunk_sums.fell_back  # the backward ran the CPU kernel:
+    assert consistency.consistency_grad_kernel() is not None
     for got, want in zip(compiled, eager):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
 
@@ -186,3 +187,25 @@ def test_cpu_kernel_writes_the_reference_gradient_over_the_logits(kernel_tempera
     assert got.data_ptr() == written.data_ptr()  # in place
     assert torch.all(got[:, 0] == 0) and want.abs().max() > 1
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6 * want.abs().max().item())
+
+
+def test_a_failed_cpu_kernel_build_falls_back_to_inductor_with_a_warning(monkeypatch, caplog):
+    from torch.utils import cpp_extension
+
+    from trainer.classifier import consistency, cpu_kernels
+
+    def broken_load(**kwargs):
+        raise RuntimeError("Ninja is required to load C++ extensions")
+
+    monkeypatch.setattr(cpp_extension, "load", broken_load)
+    cpu_kernels.consistency_grad_kernel.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger=cpu_kernels.__name__):
+            assert cpu_kernels.consistency_grad_kernel() is None
+        assert "Ninja is required" in caplog.text and "inductor" in caplog.text
+        views = ["global", "global"]
+        for got, want in zip(_term_and_grads(True, 0.15, views), _term_and_grads(False, 0.15, views)):
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+        assert not consistency._fused_grad_logits.fell_back and consistency._fused_grad_logits._kernels
+    finally:
+        cpu_kernels.consistency_grad_kernel.cache_clear()

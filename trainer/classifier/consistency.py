@@ -50,7 +50,8 @@ def _pair_column(pair: int) -> str:
 @dataclass(frozen=True)
 class ConsistencySettings:
     """``temperature``: tau_con; ``views``: views per sample in the batch; ``global_views``: the
-    first ones, which take part; ``compiled``: fuse each chunk's math with ``torch.compile``."""
+    first ones, which take part; ``compiled``: fuse each chunk's math (inductor, and on CPUs the C++
+    kernel of the backward) rather than run it eagerly."""
 
     temperature: float = 0.05
     views: int = 2
