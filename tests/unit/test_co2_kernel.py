@@ -172,7 +172,7 @@ def test_cpu_kernel_writes_the_reference_gradient_over_the_logits(kernel_tempera
     generator = torch.Generator().manual_seed(5)
     settings = ConsistencySettings(0.05, views, global_views)
     math_ = _ChunkMath.of(settings, kernel_temperature, ranks * views * local, ranks)
-    rows, columns = 37, ranks * views * local
+    rows, columns = 1100, ranks * views * local  # more rows than one task of the kernel's parallel_for
     logits = torch.randn(rows, columns, generator=generator) * 4
     shift = torch.randn(columns, generator=generator) + 3
     own = torch.full((columns,), -1.0)  # every third column has its own row in the chunk
