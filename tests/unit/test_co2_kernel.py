@@ -161,6 +161,7 @@ def test_a_failed_compile_runs_the_function_eagerly_with_a_warning(monkeypatch, 
     (0.2, 2, 2, 3, 9),  # power 4, a partial vector per rank
     (0.12, 3, 2, 1, 5),  # tau / tau_con = 2.4: a second exp2; a small crop beside two global views
     (0.15, 4, 3, 2, 11),  # three global views (three pairs) and a small crop
+    (0.1, 4, 4, 1, 8),  # four global views (six pairs), power 2
 ])
 def test_cpu_kernel_writes_the_reference_gradient_over_the_logits(kernel_temperature, views, global_views, ranks,
                                                                    local):
