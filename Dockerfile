@@ -4,7 +4,7 @@
 FROM python:3.11-slim-bookworm
 
 # tar: DALI's index writer; g++: DeepSpeed JIT-compiles small ops (e.g. its CPU shared-memory comm), and
-# CPU ranks build CO2's backward kernel.
+# inductor compiles CO2's fused chunk math to C++ on CPU ranks.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends tar g++ \
     && rm -rf /var/lib/apt/lists/*
@@ -31,8 +31,8 @@ RUN useradd --create-home --uid 1000 instcls \
     && chown instcls:instcls /data /checkpoints
 USER instcls
 # JIT-built code goes to /tmp, which the k8s manifests mount writable under their read-only root
-# filesystem: C++ extensions (DeepSpeed's ops; on CPU ranks, CO2's backward kernel), inductor's
-# kernels (CO2's fused chunk math) and Triton's cache.
+# filesystem: C++ extensions (DeepSpeed's ops), inductor's kernels (CO2's fused chunk math) and
+# Triton's cache.
 ENV TORCH_EXTENSIONS_DIR=/tmp/torch_extensions \
     TORCHINDUCTOR_CACHE_DIR=/tmp/torchinductor \
     TRITON_CACHE_DIR=/tmp/triton

@@ -64,11 +64,10 @@ def _element_size(dtype: str) -> int:
 
 
 def co2_scratch(plan: PlanInput, scored: int, chunk: int) -> int:
-    """CO2's term (``trainer.classifier.consistency``) reuses the kernel's chunk buffers.  On GPUs its
-    fused backward (inductor) writes a chunk's ``dL/dz`` into one fresh ``[chunk, columns]`` fp32 block,
-    since inductor does not overwrite an input it reads across views; CPU ranks write it over the
-    logits (``trainer.classifier.cpu_kernels``)."""
-    return scored * chunk * 4 if plan.co2 and plan.device == "gpu" else 0
+    """CO2's term (``trainer.classifier.consistency``) reuses the kernel's chunk buffers.  Its fused
+    backward (inductor, on every device) writes a chunk's ``dL/dz`` into one fresh ``[chunk, columns]``
+    fp32 block, since inductor does not overwrite an input it reads across views."""
+    return scored * chunk * 4 if plan.co2 else 0
 
 
 def pic_breakdown(plan: PlanInput) -> dict[str, int]:

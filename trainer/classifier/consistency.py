@@ -15,10 +15,9 @@ One pass per chunk: the forward's sums (the kernel's own ``sum exp(z)`` included
 backward's ``dL/dz`` are each one function over the chunk's logits, which ``trainer.classifier.fusion``
 compiles into a single loop; eager PyTorch would read the chunk once per op (~25 passes).  Every
 value is indexed by (row, rank, sample) with the views as separate tensors, so all of a chunk's
-reductions share one iteration space and inductor fuses them.  On CPU ranks the backward's function
-runs as a C++ kernel instead (``trainer.classifier.cpu_kernels``), which writes ``dL/dz`` over the
-logits; inductor's result needs a block of its own, which a CPU reaches cache-cold.  The functions
-here remain the reference for it and the path on GPUs.
+reductions share one iteration space and inductor fuses them.  The same functions run on every
+device (Triton on GPUs, inductor's C++ on CPU ranks, eagerly where neither can compile), so the
+tests exercise the code GPUs run.
 
 Layout: the kernel's batch is the group's features in all-gather order, ``[ranks, views, b]``;
 the first ``global_views`` views take part (small crops do not: their similarity profile over the
@@ -34,13 +33,11 @@ from itertools import combinations
 
 import torch
 
-from trainer.classifier.cpu_kernels import consistency_grad_kernel
 from trainer.classifier.fusion import fused
 from trainer.classifier.losses import sum_over_valid
 from trainer.classifier.reductions import SampleColumns
 
 SUM_EXP = "co2_sum_exp"
-MAX_IN_PLACE_VIEWS = 4  # the global views csrc/consistency_grad.cpp is built for
 
 
 def _pair_column(pair: int) -> str:
@@ -50,8 +47,8 @@ def _pair_column(pair: int) -> str:
 @dataclass(frozen=True)
 class ConsistencySettings:
     """``temperature``: tau_con; ``views``: views per sample in the batch; ``global_views``: the
-    first ones, which take part; ``compiled``: fuse each chunk's math (inductor, and on CPUs the C++
-    kernel of the backward) rather than run it eagerly."""
+    first ones, which take part; ``compiled``: fuse each chunk's math with inductor rather than run
+    it eagerly."""
 
     temperature: float = 0.05
     views: int = 2
@@ -263,10 +260,6 @@ class ConsistencyBackward:
         self.own = self.math.own_positions_by_chunk(own_chunk, own_row, chunks)
         grid = self.math.grid
         self.shift_base2 = shift_base2.contiguous()
-        # CPU ranks write dL/dz over the logits with a C++ kernel (see trainer.classifier.cpu_kernels).
-        self.in_place = None
-        if settings.compiled and shift_base2.device.type == "cpu" and settings.global_views <= MAX_IN_PLACE_VIEWS:
-            self.in_place = consistency_grad_kernel()
         self.column_factor = torch.exp2(-shift_base2)
         to_natural = self.math.ratio * math.log(2.0)
         grad_grid = grad_term.float().view(grid)
@@ -291,12 +284,8 @@ class ConsistencyBackward:
 
     def grad_logits(self, logits: torch.Tensor, chunk: int) -> torch.Tensor:
         """The chunk's ``dL/dz`` ``[rows, B]`` before the targets' part, ``exp2(logits - shift)`` plus
-        the term's, from its unshifted base-2 logits (contiguous fp32; overwritten by the CPU kernel,
-        left as they are otherwise); ``chunk``: its index."""
-        if self.in_place is not None:
-            ranks, views, _ = self.math.grid
-            return self.in_place(logits, self.shift_base2, self.column_factor, self.own[chunk], self.coefficients, ranks,
-                                 views, self.math.global_views, self.math.power or 0, self.math.ratio)
+        the term's, from its unshifted base-2 logits (contiguous fp32, left as they are); ``chunk``: its
+        index."""
         return _fused_grad_logits(logits, self.shift_base2, self.column_factor, self.own[chunk], self.coefficients,
                                   self.math, compiled=self.settings.compiled)
 
