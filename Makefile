@@ -26,11 +26,11 @@ prometheus:
 # The default suite (what CI runs): every capability, multi-rank (gloo) cases included; the cases
 # marked slow repeat a capability at a heavier size and run only in `make test-all`.
 test: $(INSTALLED) prometheus
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow" --durations=15
 
 # Every test, the slow repeats included.
 test-all: $(INSTALLED) prometheus
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=15
 
 # The main job on the embedded default (~5 minutes): digit scenes, the scikit-learn digits drawn
 # in random colours on random flat colours (80% to train on, 20% held out), as WebDataset shards;

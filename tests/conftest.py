@@ -1,13 +1,41 @@
-"""Shard sets shared by the data tests (written once per session)."""
+"""Shard sets shared by the data tests (written once per session), and an environment that is the
+same on every machine."""
 
+import atexit
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
-import numpy as np
-import pytest
-from PIL import Image
+# The suite tests the CPU paths (gloo ranks, host memory readings); what a developer's shell, a GPU
+# box or a pod sets must not change what it runs.  Child processes inherit this environment.
+os.environ["CUDA_VISIBLE_DEVICES"] = ""  # two ranks on one visible GPU would share it and NCCL refuses
+for name in [name for name in os.environ if name.startswith("TORCHELASTIC_")] + [
+        "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+        "INSTCLS_FAILPOINT", "INSTCLS_STOP_MARKER_DIR"]:
+    os.environ.pop(name, None)  # torchrun's (an in-process test would join a group) and our fail point
+# Tests name shipped files relative to the repository (configs/..., ds_configs/...), wherever pytest
+# was started from.
+os.chdir(Path(__file__).resolve().parents[1])
+# Compiler caches start empty, as on a new machine or in CI: a warm ~/.cache must never be what
+# makes the suite pass.  INSTCLS_TEST_CACHE_DIR keeps them between runs where that is wanted.
+_CACHES = Path(os.environ.get("INSTCLS_TEST_CACHE_DIR") or tempfile.mkdtemp(prefix="instcls-test-caches-"))
+for name, folder in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TORCH_EXTENSIONS_DIR", "torch_extensions"),
+                     ("TRITON_CACHE_DIR", "triton")):
+    os.environ[name] = str(_CACHES / folder)
+if "INSTCLS_TEST_CACHE_DIR" not in os.environ:
+    atexit.register(shutil.rmtree, _CACHES, ignore_errors=True)
+# The tests' servers (metrics exporters, Prometheus) listen on the loopback: never through a proxy.
+for name in ("no_proxy", "NO_PROXY"):
+    os.environ[name] = ",".join(filter(None, [os.environ.get(name), "127.0.0.1", "localhost"]))
 
-from data_pipeline.shards import ShardSettings, write_shards
-from data_pipeline.sources import image_folder, sklearn_digits
+# Imported after the environment above is set: torch reads some of it when it loads.
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from data_pipeline.shards import ShardSettings, write_shards  # noqa: E402
+from data_pipeline.sources import image_folder, sklearn_digits  # noqa: E402
 
 COLOR_IMAGES = 45
 

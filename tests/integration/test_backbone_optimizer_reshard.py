@@ -82,7 +82,8 @@ def _resharded_2_1_2(stage: int, tmp_path: Path, forget_momentum: bool = False) 
     return _latest(third)
 
 
-@pytest.mark.parametrize("stage", [0, 2, pytest.param(1, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow)])
+# ZeRO-2 (partitioned optimizer state) in `make test`; the other stages in the slow run.
+@pytest.mark.parametrize("stage", [2, *(pytest.param(stage, marks=pytest.mark.slow) for stage in (0, 1, 3))])
 def test_steps_after_2_1_2_resharding_equal_the_same_steps_unresharded(stage, tmp_path):
     reference_dir = tmp_path / "reference"
     _train(stage, 2, list(range(6)), save_to=reference_dir, result=tmp_path / "reference_state.pt")

@@ -104,7 +104,8 @@ def _check_kernel(views: int, global_views: int):
         assert not w.grad[untouched].any(), label
 
 
-@pytest.mark.parametrize("ranks", [1, 2, 3])
+# Two ranks in `make test`; one and three (a third of the suite's CO2 time) in the slow run.
+@pytest.mark.parametrize("ranks", [pytest.param(1, marks=pytest.mark.slow), 2, pytest.param(3, marks=pytest.mark.slow)])
 def test_fused_term_matches_the_full_distributions(ranks):
     spawn_local_workers(_check_kernel, ranks, 3, 2)  # two global views and a small crop, which takes no part
 

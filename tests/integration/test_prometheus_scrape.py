@@ -29,8 +29,11 @@ def query(port: int, promql: str) -> list[dict]:
 def prometheus_binary():
     binary = shutil.which("prometheus")
     if binary is None:
-        pytest.fail("Debian's prometheus binary is missing: run `make test` (it installs it) or "
-                    "`apt-get install prometheus`")
+        advice = "Debian's prometheus binary is missing: run `make test` (it installs it as root) or " \
+                 "`apt-get install prometheus`"
+        if os.geteuid() == 0:  # `make test` installs it as root: its absence is a broken install
+            pytest.fail(advice)
+        pytest.skip(advice)  # a user without root cannot install it; the rest of the suite still runs
     return binary
 
 

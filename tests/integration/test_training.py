@@ -10,6 +10,7 @@ import time
 import torch
 
 from tests.helpers.training import FAST, REPO, classifier_rows, latest_checkpoint, run_train, step_losses, train_command
+from trainer.observability.report import RunLogs
 
 
 def assert_same_training_state(a, b):
@@ -23,11 +24,16 @@ def assert_same_training_state(a, b):
         assert torch.equal(rows_a[key], rows_b[key]), f"classifier {key} differs"
 
 
-def test_killed_run_resumes_to_identical_parameters(digits_split, tmp_path):
+def test_killed_run_resumes_to_identical_parameters(digits_split, tmp_path, monkeypatch):
     """Stop after step 8 (mid-epoch 0; 12 steps per epoch), resume to step 16 (inside epoch 1,
-    after its hard-negative search) and compare with an uninterrupted run to step 16."""
+    after its hard-negative search) and compare with an uninterrupted run to step 16.  No C++
+    extension is compiled on the way (DeepSpeed's CPU shared-memory op included): a run-time build
+    depends on the machine's compiler and cache, and costs every new pod up to a minute."""
     interrupted, uninterrupted = tmp_path / "interrupted", tmp_path / "uninterrupted"
+    extensions = tmp_path / "torch_extensions"
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(extensions))
     run_train(interrupted, digits_split, 2, FAST + ["max_steps=8"])
+    assert not extensions.exists() or not any(extensions.rglob("*.so")), sorted(extensions.rglob("*"))
     first = latest_checkpoint(interrupted)
     assert json.loads((first / "trainer.json").read_text())["step_in_epoch"] == 8
     run_train(interrupted, digits_split, 2, FAST + ["max_steps=16"], resume="auto")
@@ -119,6 +125,10 @@ def test_sigterm_saves_a_complete_checkpoint_and_exits_zero(digits_split, tmp_pa
 
 
 def test_training_learns_and_beats_random_init_knn(digits_split, tmp_path):
+    """On the 8x8 digits a random network already scores ~93-95% kNN; 15 epochs beat it by +4.5,
+    +2.5 and +2.5 points (seeds 0-2, measured on one machine; 9 to 16 of 359 held-out images), so
+    the floor is "above", one image.  The wide-margin learning floors are on the digit scenes
+    (test_demo.py, test_swav_training.py)."""
     result = run_train(tmp_path, digits_split, 2, ["eval.knn_at_end=true", "eval.every_epochs=5",
                                                    "eval.linear_at_end=true"], timeout=1200)
     losses = step_losses(tmp_path)
@@ -155,16 +165,19 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(
     assert last_good.name >= good.name and not list((tmp_path / "checkpoints").glob("*.tmp"))
 
 
-def test_eval_commands_score_a_checkpoint_above_random_init(digits_split, tmp_path, capsys):
-    """A short run (4 epochs, fixed seed) already beats its own random initialisation by kNN on
-    the held-out digits, scored by `instcls eval`.  The linear probe is not compared: on the 8x8
-    digits a random network's features already give it ~97% (measured 96.66% trained vs 96.94%
-    random at 4 epochs, and once both 96.94%); it only has to run on both."""
+def test_eval_commands_score_a_checkpoint_as_the_trainer_did(digits_split, tmp_path, capsys):
+    """`instcls eval` on a checkpoint gives the kNN the trainer logged for the same weights at the
+    end of its run, and on "random-init" the trainer's random-init baseline: the command loads the
+    checkpoint's weights and scores them with the same protocol.  Whether 4 epochs beat the random
+    network on the 8x8 digits is not asserted: a random network already scores ~93% there and the
+    gap after 4 epochs is within what another processor's trajectory moves (measured 92.76% against
+    93.04% on one machine, above it on another).  Learning is held by the tests on the digit scenes."""
     from trainer.cli import main
 
-    run_train(tmp_path, digits_split, 2, FAST)
+    run_train(tmp_path, digits_split, 2, FAST + ["eval.knn_at_end=true"])
     checkpoint = latest_checkpoint(tmp_path)
     assert checkpoint.name == "step_000000048"  # 4 epochs of 12 steps
+    logged = RunLogs.read(tmp_path / "logs").last("eval")
     settings = [f"data.train_shards={digits_split['train']}", f"data.eval_shards={digits_split['val']}",
                 "data.loader.num_threads=2"]
     accuracy = {}
@@ -174,7 +187,8 @@ def test_eval_commands_score_a_checkpoint_above_random_init(digits_split, tmp_pa
             assert main(args + [item for s in settings for item in ("--set", s)]) == 0
             out = capsys.readouterr().out
             accuracy[protocol, name] = float(out.split(f"{label} of {name}: ")[1].split("%")[0])
-    assert accuracy["knn", str(checkpoint)] > accuracy["knn", "random-init"], accuracy
-    # Both protocols load the model through the same code, so the kNN gap already shows the
-    # checkpoint's weights are used; the probe's two numbers may coincide on 360 digits.
+    # One held-out image is 0.28 points: the command's single process may round a feature differently
+    # from the trainer's two ranks, which could move one vote.
+    assert abs(accuracy["knn", str(checkpoint)] - 100 * logged["knn_trained"]) <= 0.3, (accuracy, logged)
+    assert abs(accuracy["knn", "random-init"] - 100 * logged["knn_random_init"]) <= 0.3, (accuracy, logged)
     assert all(50 < accuracy["linear", name] <= 100 for name in (str(checkpoint), "random-init")), accuracy

@@ -142,7 +142,7 @@ def test_document_reports_every_variant_and_verdict(tmp_path):
     assert "| toy | nowhere | a > b | +10.50 ± 0.50 | **reproduces** |" in text
     assert "random initialisation score 20.00 ± 0.00" in text
     markdown, png = write(sweep, tmp_path / "docs" / "toy.md")
-    assert markdown.read_text() == text and png.stat().st_size > 10_000
+    assert markdown.read_text(encoding="utf-8") == text and png.stat().st_size > 10_000
 
 
 def test_linear_head_is_one_layer_to_the_feature_width():

@@ -33,7 +33,7 @@ def test_the_endpoint_serves_the_registry_and_only_it():
 
 def test_a_scrape_storm_is_served_at_the_bounded_rate():
     metrics = TrainingMetrics(rank=0)
-    port, rate, seconds = free_port(), 10.0, 1.5
+    port, rate, seconds = free_port(), 10.0, 3.0
     serve_bounded(metrics.registry, port, "127.0.0.1", max_scrapes_per_s=rate)
     served, stop_at = [], time.monotonic() + seconds
 
@@ -51,4 +51,6 @@ def test_a_scrape_storm_is_served_at_the_bounded_rate():
     for thread in threads:
         thread.join()
     within = [t for t in served if t <= stop_at]
-    assert 0.5 * rate * seconds <= len(within) <= rate * seconds + 2, len(within)
+    # The bound is the point; the floor only shows scrapes get through, loose enough for a loaded
+    # machine (a refused connection's retry waits 1 s).
+    assert 0.3 * rate * seconds <= len(within) <= rate * seconds + 2, len(within)

@@ -29,7 +29,7 @@ PIC_OBJECTIVE = {"name": "pic", "temperature": 0.2, "chunk_size": 4096, "negativ
                  "queue_size": 256, "row_store": "host"}
 SLIDING_WINDOW = "data.loader.sampler.kind=sliding_window"
 EPOCH_ORDER = "data.loader.sampler.kind=epoch_permutation"
-SWAV_OBJECTIVE = {"name": "swav", "num_prototypes": 300, "temperature": 0.1, "epsilon": 0.05,
+SWAV_OBJECTIVE = {"name": "swav", "num_prototypes": 3000, "temperature": 0.1, "epsilon": 0.05,
                   "sinkhorn_iterations": 3, "freeze_prototypes_steps": 22, "queue_length": 512,
                   "queue_start_epoch": 2}
 SWAV_LR = "optim.base_lr=0.1"  # plain SGD without LARS: the demo's 0.48 collapses SwAV's codes

@@ -145,6 +145,6 @@ def write(sweep: Sweep, markdown: Path) -> tuple[Path, Path]:
     """Write the document and its PNG (same name, .png) atomically; returns both paths."""
     png = plot(sweep, markdown.with_suffix(".png"))
     temporary = markdown.with_suffix(".md.tmp")
-    temporary.write_text(render(sweep, png.name))
+    temporary.write_text(render(sweep, png.name), encoding="utf-8")  # it holds "±" whatever the locale
     temporary.replace(markdown)
     return markdown, png

@@ -177,7 +177,7 @@ def run_one(settings: SweepSettings, ablation: Ablation, variant: Variant, seed:
     started = time.monotonic()
     finished = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=job_env())
     wall = time.monotonic() - started
-    (directory / "train.log").write_text(finished.stdout + finished.stderr)
+    (directory / "train.log").write_text(finished.stdout + finished.stderr, encoding="utf-8")
     if finished.returncode != 0:
         tail = "\n".join((finished.stdout + finished.stderr).splitlines()[-15:])
         raise RuntimeError(f"ablation {ablation.name}, variant {variant.label!r}, seed {seed} failed "

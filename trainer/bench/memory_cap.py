@@ -3,7 +3,7 @@
 GPU: ``torch.cuda.set_per_process_memory_fraction`` makes the caching allocator raise
 ``torch.OutOfMemoryError`` past the cap.  CPU: ``RLIMIT_AS`` (address space) set to the process's
 current size plus the cap, so ``malloc`` fails and torch raises "can't allocate memory" instead of
-the kernel's OOM killer taking the machine down.  Set it after imports and process-group setup,
+the kernel's OOM killer taking the machine down; the capped process computes on one thread.  Set it after imports and process-group setup,
 so the cap measures what the measured work allocates.
 """
 
@@ -24,6 +24,9 @@ def apply_memory_cap(device: torch.device, cap_bytes: int) -> None:
         torch.cuda.set_per_process_memory_fraction(min(1.0, (already + cap_bytes) / total), device)
         return
     _make_the_cap_count_live_tensors()
+    # Each OpenMP thread's stack (8 MiB) is address space too: with one thread per core a many-core
+    # machine would spend the cap on stacks.  One intra-op thread makes the cap the same everywhere.
+    torch.set_num_threads(1)
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     limit = status_field_bytes("VmSize") + cap_bytes
     if hard != resource.RLIM_INFINITY:

@@ -32,8 +32,18 @@ def load_deepspeed_config(path: Path, micro_batch: int) -> dict:
     return config
 
 
+def _skip_the_shared_memory_inference_op() -> None:
+    """DeepSpeed's CPU backend compiles a shared-memory all-reduce (``deepspeed_shm_comm``) with the
+    machine's C++ compiler when it first starts: 25-75 s where ``TORCH_EXTENSIONS_DIR`` is empty (every
+    new pod), a lock file that stalls later runs if a build is killed, and it serves only
+    ``inference_all_reduce``, which training never calls.  Marked incompatible, DeepSpeed sends every
+    collective through torch.distributed (gloo here), as it does on GPUs."""
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 def initialize_backbone(model: nn.Module, ds_config: dict, lr: float, momentum: float, weight_decay: float):
     """``(engine, optimizer)``; DeepSpeed averages the backbone gradients over all ranks."""
+    _skip_the_shared_memory_inference_op()
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     engine, optimizer, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, config=ds_config, dist_init_required=False

@@ -107,6 +107,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def cpu_threads_per_rank(world_size: int) -> int:
+    """Intra-op threads for one of ``world_size`` CPU ranks: ``OMP_NUM_THREADS`` where set, else an
+    equal share of the cores this process may run on.  ``os.cpu_count()`` counts the whole machine,
+    not a container's cpuset, and T ranks oversubscribing the cores makes every rank slower."""
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    return max(1, len(os.sched_getaffinity(0)) // world_size)
+
+
 def _worker(local_rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple) -> None:
     os.environ.update(
         RANK=str(local_rank),
@@ -117,8 +126,7 @@ def _worker(local_rank: int, world_size: int, port: int, fn: Callable[..., Any],
         MASTER_PORT=str(port),
     )
     if not torch.cuda.is_available():
-        # T ranks share the machine's cores; oversubscribing them makes every rank slower.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        torch.set_num_threads(cpu_threads_per_rank(world_size))
     try:
         fn(*args)
     finally:
