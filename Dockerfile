@@ -3,8 +3,8 @@
 # Build from the repository root:  docker build -t instcls:0.1.0 .
 FROM python:3.11-slim-bookworm
 
-# tar: DALI's index writer; g++: DeepSpeed JIT-compiles small ops (e.g. its CPU shared-memory comm), and
-# inductor compiles CO2's fused chunk math to C++ on CPU ranks.
+# tar: DALI's index writer; g++: inductor compiles CO2's fused chunk math to C++ on CPU ranks (DeepSpeed's
+# CPU shared-memory op, which it would JIT-compile too, is skipped: trainer/engine/deepspeed_setup.py).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends tar g++ \
     && rm -rf /var/lib/apt/lists/*

@@ -12,8 +12,9 @@ from pathlib import Path
 os.environ["CUDA_VISIBLE_DEVICES"] = ""  # two ranks on one visible GPU would share it and NCCL refuses
 for name in [name for name in os.environ if name.startswith("TORCHELASTIC_")] + [
         "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-        "INSTCLS_FAILPOINT", "INSTCLS_STOP_MARKER_DIR"]:
-    os.environ.pop(name, None)  # torchrun's (an in-process test would join a group) and our fail point
+        "INSTCLS_FAILPOINT", "INSTCLS_STOP_MARKER_DIR", "ATEN_CPU_CAPABILITY"]:
+    # torchrun's (an in-process test would join a group), our fail point, and a pinned vector ISA
+    os.environ.pop(name, None)
 # Tests name shipped files relative to the repository (configs/..., ds_configs/...), wherever pytest
 # was started from.
 os.chdir(Path(__file__).resolve().parents[1])
@@ -23,7 +24,7 @@ _CACHES = Path(os.environ.get("INSTCLS_TEST_CACHE_DIR") or tempfile.mkdtemp(pref
 for name, folder in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TORCH_EXTENSIONS_DIR", "torch_extensions"),
                      ("TRITON_CACHE_DIR", "triton")):
     os.environ[name] = str(_CACHES / folder)
-if "INSTCLS_TEST_CACHE_DIR" not in os.environ:
+if not os.environ.get("INSTCLS_TEST_CACHE_DIR"):
     atexit.register(shutil.rmtree, _CACHES, ignore_errors=True)
 # The tests' servers (metrics exporters, Prometheus) listen on the loopback: never through a proxy.
 for name in ("no_proxy", "NO_PROXY"):

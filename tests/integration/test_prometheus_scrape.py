@@ -31,7 +31,7 @@ def prometheus_binary():
     if binary is None:
         advice = "Debian's prometheus binary is missing: run `make test` (it installs it as root) or " \
                  "`apt-get install prometheus`"
-        if os.geteuid() == 0:  # `make test` installs it as root: its absence is a broken install
+        if os.geteuid() == 0 or os.environ.get("CI"):  # `make test` installs it as root; CI must run it
             pytest.fail(advice)
         pytest.skip(advice)  # a user without root cannot install it; the rest of the suite still runs
     return binary

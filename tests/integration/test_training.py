@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 from tests.helpers.training import FAST, REPO, classifier_rows, latest_checkpoint, run_train, step_losses, train_command
@@ -124,29 +125,47 @@ def test_sigterm_saves_a_complete_checkpoint_and_exits_zero(digits_split, tmp_pa
     assert "SIGTERM: saving at step" in output and "exiting 0" in output
 
 
-def test_training_learns_and_beats_random_init_knn(digits_split, tmp_path):
-    """On the 8x8 digits a random network already scores ~93-95% kNN; 15 epochs beat it by +4.5,
-    +2.5 and +2.5 points (seeds 0-2, measured on one machine; 9 to 16 of 359 held-out images), so
-    the floor is "above", one image.  The wide-margin learning floors are on the digit scenes
-    (test_demo.py, test_swav_training.py)."""
-    result = run_train(tmp_path, digits_split, 2, ["eval.knn_at_end=true", "eval.every_epochs=5",
-                                                   "eval.linear_at_end=true"], timeout=1200)
-    losses = step_losses(tmp_path)
-    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5, losses
-    records = [json.loads(line) for line in (tmp_path / "logs" / "rank-00000.jsonl").read_text().splitlines()]
+def _assert_evaluated_on_schedule_and_summarised(run_dir, result, epochs: int, every: int) -> dict:
+    """kNN every ``every`` epochs against one random-init baseline, the linear probe and its
+    learning curve at the end, a summary per rank, and the final line printed; the final eval."""
+    records = [json.loads(line) for line in (run_dir / "logs" / "rank-00000.jsonl").read_text().splitlines()]
     evals = [r for r in records if r["event"] == "eval"]
-    assert [(r["epoch"], r["final"]) for r in evals] == [(5, False), (10, False), (15, True)], evals
+    expected = [(epoch, epoch == epochs) for epoch in range(every, epochs + 1, every)]
+    assert [(r["epoch"], r["final"]) for r in evals] == expected, evals
     final = evals[-1]
-    assert final["knn_trained"] > final["knn_random_init"], final
     assert {r["knn_random_init"] for r in evals} == {final["knn_random_init"]}  # one baseline, scored once
     assert "linear_trained" not in evals[0] and 0.5 < final["linear_trained"] <= 1.0
     assert sorted(final["linear_curve"], key=float) == ["0.1", "0.25", "0.5", "1.0"]
     assert final["linear_curve"]["1.0"] == final["linear_trained"]  # the full-label point is the probe itself
     summaries = [json.loads(line) for rank in (0, 1) for line in
-                 (tmp_path / "logs" / f"rank-{rank:05d}.jsonl").read_text().splitlines() if '"summary"' in line]
-    assert [(s["epochs"], s["steps"], s["images"]) for s in summaries] == [(15, 180, 180 * 64)] * 2, summaries
+                 (run_dir / "logs" / f"rank-{rank:05d}.jsonl").read_text().splitlines() if '"summary"' in line]
+    steps = 12 * epochs  # 1,438 digits in global batches of 128
+    assert [(s["epochs"], s["steps"], s["images"]) for s in summaries] == [(epochs, steps, steps * 64)] * 2, summaries
     assert all(s["peak_memory_bytes"] > 100 << 20 for s in summaries)  # a ResNet-18 rank holds >100 MiB
-    assert "kNN accuracy (k=20, cosine, held-out split) after epoch 15: trained" in result.stdout
+    assert f"kNN accuracy (k=20, cosine, held-out split) after epoch {epochs}: trained" in result.stdout
+    return final
+
+
+def test_training_evaluates_on_schedule_and_summarises(digits_split, tmp_path):
+    """The evaluation schedule and the run's summaries in a short run; whether it learns is held by
+    the slow tests below and on the digit scenes."""
+    result = run_train(tmp_path, digits_split, 2, ["optim.epochs=3", "eval.knn_at_end=true", "eval.every_epochs=1",
+                                                   "eval.linear_at_end=true"])
+    _assert_evaluated_on_schedule_and_summarised(tmp_path, result, epochs=3, every=1)
+
+
+@pytest.mark.slow
+def test_training_learns_and_beats_random_init_knn(digits_split, tmp_path):
+    """On the 8x8 digits a random network already scores ~93-95% kNN; 15 epochs beat it by +4.5,
+    +2.5 and +2.5 points (seeds 0-2, measured on one machine; 9 to 16 of 359 held-out images), so
+    the floor is "above", one image.  The wide-margin learning floors are on the digit scenes
+    (test_demo.py, test_swav_training.py).  Slow: two minutes, most of `make test`'s longest case."""
+    result = run_train(tmp_path, digits_split, 2, ["eval.knn_at_end=true", "eval.every_epochs=5",
+                                                   "eval.linear_at_end=true"], timeout=900)
+    losses = step_losses(tmp_path)
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5, losses
+    final = _assert_evaluated_on_schedule_and_summarised(tmp_path, result, epochs=15, every=5)
+    assert final["knn_trained"] > final["knn_random_init"], final
 
 
 def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(digits_split, tmp_path):
@@ -168,10 +187,10 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(
 def test_eval_commands_score_a_checkpoint_as_the_trainer_did(digits_split, tmp_path, capsys):
     """`instcls eval` on a checkpoint gives the kNN the trainer logged for the same weights at the
     end of its run, and on "random-init" the trainer's random-init baseline: the command loads the
-    checkpoint's weights and scores them with the same protocol.  Whether 4 epochs beat the random
-    network on the 8x8 digits is not asserted: a random network already scores ~93% there and the
-    gap after 4 epochs is within what another processor's trajectory moves (measured 92.76% against
-    93.04% on one machine, above it on another).  Learning is held by the tests on the digit scenes."""
+    checkpoint's weights and scores them with the same protocol.  Whether a short run beats the
+    random network on the 8x8 digits is not asserted: a random network already scores ~93% there and
+    after 4 epochs the gap is within what another processor's trajectory moves (measured 92.76%
+    against 93.04% on one machine, above it on another).  Learning is held by the slow tests."""
     from trainer.cli import main
 
     run_train(tmp_path, digits_split, 2, FAST + ["eval.knn_at_end=true"])
@@ -188,7 +207,8 @@ def test_eval_commands_score_a_checkpoint_as_the_trainer_did(digits_split, tmp_p
             out = capsys.readouterr().out
             accuracy[protocol, name] = float(out.split(f"{label} of {name}: ")[1].split("%")[0])
     # One held-out image is 0.28 points: the command's single process may round a feature differently
-    # from the trainer's two ranks, which could move one vote.
+    # from the trainer's two ranks, which could move one vote.  (After 1 epoch with no warm-up the
+    # two differed by 3.9 points once, 87.19% against 83.29%: not yet understood.)
     assert abs(accuracy["knn", str(checkpoint)] - 100 * logged["knn_trained"]) <= 0.3, (accuracy, logged)
     assert abs(accuracy["knn", "random-init"] - 100 * logged["knn_random_init"]) <= 0.3, (accuracy, logged)
     assert all(50 < accuracy["linear", name] <= 100 for name in (str(checkpoint), "random-init")), accuracy

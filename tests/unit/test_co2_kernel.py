@@ -174,11 +174,12 @@ def _chunk_inputs(kernel_temperature, views, global_views, ranks, local):
     shift[0], coefficients[..., 0, 0] = float("inf"), 0.0  # column 0 is padding: its gradient is exactly 0
     sums = (torch.rand(columns, generator=generator), torch.zeros(ranks, global_views, local),
             torch.zeros(len(settings.pairs), 2, ranks, local))
-    return math_, (logits, shift, torch.exp2(-shift), own[:, :global_views], coefficients), sums
+    return math_, (logits, shift, torch.exp2(-shift), own, coefficients), sums
 
 
 def _vector_widths_here() -> list[int]:
-    """Every vector width inductor can compile for on this machine, scalar (1) included."""
+    """Every vector width inductor can compile for on this machine, scalar (1) included (one ISA per
+    width: inductor picks the first it knows of that width)."""
     from torch._inductor.cpu_vec_isa import valid_vec_isa_list
 
     return [1, *sorted({isa.bit_width() for isa in valid_vec_isa_list()})]
@@ -204,6 +205,7 @@ def test_chunk_math_is_the_same_on_every_vector_isa_this_machine_has(kernel_temp
     is called), gives the eager reference's numbers.  The retired C++ kernel was named after the ISA
     and failed to build where that name held a space; a run-time build per ISA is what this guards."""
     from torch._inductor import config as inductor_config
+    from torch._inductor import metrics as inductor_metrics
 
     from trainer.classifier.consistency import _add_chunk_sums, _grad_logits
     from trainer.classifier.fusion import Fused
@@ -214,11 +216,15 @@ def test_chunk_math_is_the_same_on_every_vector_isa_this_machine_has(kernel_temp
     want_sums = _add_chunk_sums(*sums, logits, own, math_)
     assert want_grad.abs().max() > 1 and torch.all(want_grad[:, 0] == 0)
     for width in _vector_widths_here():
-        with inductor_config.patch({"cpp.simdlen": width}):
+        inductor_metrics.reset()
+        # No graph cache: each width is generated here, so the kernel count below is this width's.
+        with inductor_config.patch({"cpp.simdlen": width, "fx_graph_cache": False}):
             grad_logits, add_chunk_sums = Fused(_grad_logits), Fused(_add_chunk_sums)  # fresh: compiled here
             got_grad = grad_logits(*grad_inputs, math_)
             got_sums = add_chunk_sums(*sums, logits, own, math_)
         assert not grad_logits.fell_back and not add_chunk_sums.fell_back, f"inductor failed at simdlen {width}"
+        vector_kernels = inductor_metrics.generated_cpp_vec_kernel_count
+        assert (vector_kernels > 0) == (width > 1), f"simdlen {width}: {vector_kernels} vectorised kernels"
         assert torch.all(got_grad[:, 0] == 0)
         torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-6 * want_grad.abs().max().item())
         for got, want in zip(got_sums, want_sums):

@@ -16,6 +16,7 @@ CPU cores, and its process group is destroyed when the function returns.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -107,13 +108,30 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "<quota> <period>" or "max <period>"
+
+
+def usable_cores(cpu_max: Path = CGROUP_CPU_MAX) -> int:
+    """Cores this process may use: its CPU affinity (a container's cpuset), capped by a cgroup CPU
+    quota (``docker --cpus``, a Kubernetes CPU limit), which affinity does not show.  Not
+    ``os.cpu_count()``, which counts the whole host."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 file here (or an unreadable one): affinity alone
+    return cores
+
+
 def cpu_threads_per_rank(world_size: int) -> int:
-    """Intra-op threads for one of ``world_size`` CPU ranks: ``OMP_NUM_THREADS`` where set, else an
-    equal share of the cores this process may run on.  ``os.cpu_count()`` counts the whole machine,
-    not a container's cpuset, and T ranks oversubscribing the cores makes every rank slower."""
+    """Intra-op threads for one of ``world_size`` locally spawned CPU ranks: ``OMP_NUM_THREADS``
+    where set, else an equal share of the usable cores (T ranks oversubscribing the cores makes
+    every rank slower)."""
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():
         return max(1, int(os.environ["OMP_NUM_THREADS"]))
-    return max(1, len(os.sched_getaffinity(0)) // world_size)
+    return max(1, usable_cores() // world_size)
 
 
 def _worker(local_rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple) -> None:
