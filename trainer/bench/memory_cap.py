@@ -3,9 +3,8 @@
 GPU: ``torch.cuda.set_per_process_memory_fraction`` makes the caching allocator raise
 ``torch.OutOfMemoryError`` past the cap.  CPU: ``RLIMIT_AS`` (address space) set to the process's
 current size plus the cap, so ``malloc`` fails and torch raises "can't allocate memory" instead of
-the kernel's OOM killer taking the machine down; the capped process computes on one
-thread.  Set it after imports and process-group setup,
-so the cap measures what the measured work allocates.
+the kernel's OOM killer taking the machine down; the capped process computes on one thread.  Set it
+after imports and process-group setup, so the cap measures what the measured work allocates.
 """
 
 from __future__ import annotations
