@@ -60,7 +60,8 @@ def test_swav_with_multi_crop_learns_on_the_digit_scenes(scene_shards, tmp_path)
     Measured on one machine over `seed` 0-2 (the loader's seed at 0): +32.6, +31.5 and +26.5
     points (kNN 47.4-51.8% against 19.2-20.9%; mean +30.2, standard deviation 3.3); with both seeds
     at 1, +28.1.  Another processor takes another trajectory (its convolutions round differently), as
-    another seed does, so the floor, +18 points, sits 3.7 standard deviations below the mean; the recipe with 300 prototypes made +5 to +8 and fails it.
+    another seed does, so the floor, +18 points, sits 3.7 standard deviations below the mean; the
+    recipe with 300 prototypes made +5 to +8 and fails it.
     The logged loss is the global one on every log step, the epochs' padded last steps included
     (steps 115 and 230 here; it was once rank 0's share, twice the mean)."""
     run_train(tmp_path, scene_shards, 2, ["eval.knn_at_end=true", "optim.epochs=10", "eval.every_epochs=0"],
