@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-GLOBAL_VIEW, SMALL_VIEW = "global", "small"
+from data_pipeline.sampler import StepIndices
+from data_pipeline.view_layout import GLOBAL_VIEW, SMALL_VIEW  # noqa: F401 (re-exported)
 
 
 @dataclass
@@ -22,6 +23,9 @@ class Batch:
     labels: int64 ``[b]`` semantic labels, -1 when unknown; only from evaluation loaders.
     skipped: unreadable samples this step skipped (``data.loader.on_bad_sample: skip``), each named
         by shard, key and reason; they are in ``instance_ids`` but not ``valid``.
+    plan: the sampler's ids and valid marks of every rank this step (host arrays, no communication).
+    next_plan: the same for the step that follows (the next epoch's first after the last step of
+        an epoch), so that an objective can prefetch; None for evaluation loaders.
     """
 
     views: list[torch.Tensor]
@@ -32,3 +36,5 @@ class Batch:
     step: int
     labels: torch.Tensor | None = None
     skipped: tuple[str, ...] = ()
+    plan: StepIndices | None = None
+    next_plan: StepIndices | None = None

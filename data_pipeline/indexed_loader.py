@@ -14,12 +14,13 @@ from pathlib import Path
 
 import torch
 
-from data_pipeline.batch import GLOBAL_VIEW, SMALL_VIEW, Batch
+from data_pipeline.batch import Batch
 from data_pipeline.config import LoaderConfig
 from data_pipeline.sample_table import sample_table
 from data_pipeline.sampler import EpochPermutationSampler, Sampler
 from data_pipeline.sliding_window import SlidingWindowSampler
 from data_pipeline.step_inputs import StepReader, StepSamples
+from data_pipeline.view_layout import ViewLayout
 
 
 def default_sampler(num_samples: int, config: LoaderConfig, world_size: int, train: bool) -> Sampler:
@@ -52,10 +53,9 @@ class IndexedLoader:
         augment = config.augment if train else None
         self.reader = StepReader(table, self.sampler, rank, config.seed, augment, read_threads,
                                  skip_bad_samples=config.on_bad_sample == "skip")
-        if train:
-            self.view_kinds = [GLOBAL_VIEW] * config.augment.num_views + [SMALL_VIEW] * config.augment.small_crops
-        else:
-            self.view_kinds = [GLOBAL_VIEW]
+        augment = config.augment
+        self.view_layout = ViewLayout.of_training(augment) if train else ViewLayout.single(augment.image_size)
+        self.view_kinds = list(self.view_layout.kinds)
 
     def __len__(self) -> int:
         return self.steps_per_epoch
@@ -82,4 +82,6 @@ class IndexedLoader:
             step=samples.step,
             labels=None if samples.labels is None else torch.from_numpy(samples.labels).to(device),
             skipped=samples.skipped,
+            plan=samples.plan,
+            next_plan=samples.next_plan,
         )

@@ -106,7 +106,7 @@ class EpochPermutationSampler:
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         """All ids in the order epoch ``epoch`` reads them (the last epoch asked for is cached)."""
-        cache = self._order_cache  # read once: the trainer and a loader thread may both ask
+        cache = self._order_cache  # read once: a loader's reading threads may ask at the same time
         if cache is None or cache[0] != epoch:
             if self.shuffle:
                 order = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)

@@ -16,7 +16,7 @@ from PIL import Image, UnidentifiedImageError
 
 from data_pipeline.augment import AugmentConfig
 from data_pipeline.sample_table import RECREATE, SampleTable, ShardReadError
-from data_pipeline.sampler import Sampler
+from data_pipeline.sampler import Sampler, StepIndices
 from data_pipeline.view_params import ViewParams, augmentation_rng, draw_views, image_size
 
 
@@ -34,13 +34,16 @@ def _blank_jpeg() -> np.ndarray:
 @dataclass(frozen=True)
 class StepSamples:
     """Who is in the step: ``ids`` int64 ``[b]`` and ``valid`` bool ``[b]`` of this rank,
-    ``global_valid`` over all ranks, ``labels`` int64 ``[b]`` (evaluation only)."""
+    ``global_valid`` over all ranks, ``labels`` int64 ``[b]`` (evaluation only); ``plan``: the
+    sampler's ids and valid marks of every rank; ``next_plan``: the next step's (training only)."""
 
     step: int
     ids: np.ndarray
     valid: np.ndarray
     global_valid: int
     labels: np.ndarray | None
+    plan: StepIndices
+    next_plan: StepIndices | None
     skipped: tuple[str, ...] = ()  # unreadable samples replaced by a blank image and marked not valid
 
 
@@ -80,8 +83,16 @@ class StepReader:
         if out_of_range.size:
             raise ValueError(f"{type(self.sampler).__name__} named ids {out_of_range[:5].tolist()} at epoch {epoch} "
                              f"step {step}, outside the shard set's [0, {self.table.num_samples})")
-        labels = None if self.augment is not None else np.array(self._map(self._label, ids), dtype=np.int64)
-        return StepSamples(step, ids.astype(np.int64), valid.astype(bool), indices.global_valid, labels)
+        training = self.augment is not None
+        labels = None if training else np.array(self._map(self._label, ids), dtype=np.int64)
+        return StepSamples(step, ids.astype(np.int64), valid.astype(bool), indices.global_valid, labels, indices,
+                           self._following(epoch, step) if training else None)
+
+    def _following(self, epoch: int, step: int):
+        """The sampler's plan of the step after ``(epoch, step)``: the sequence runs on across epochs."""
+        if step + 1 < self.sampler.steps_per_epoch:
+            return self.sampler.step(epoch, step + 1)
+        return self.sampler.step(epoch + 1, 0)
 
     def _label(self, sample_id: int) -> int:
         try:

@@ -44,6 +44,8 @@ def classifier_rows(checkpoint: Path) -> dict[str, torch.Tensor]:
         if not isinstance(states[0].get(key), dict):  # absent, or not row-sharded (e.g. swav's momentum)
             continue
         pieces = sorted((s[key] for s in states if s[key]["rows"] is not None), key=lambda piece: piece["start"])
+        if not pieces:  # the state does not exist yet (e.g. no hard-negative search ran)
+            continue
         assert pieces[0]["start"] == 0 and pieces[-1]["end"] == pieces[0]["total"], f"{key}: rows missing"
         for before, after in zip(pieces, pieces[1:]):
             assert before["end"] == after["start"], f"{key}: rows saved twice or not at all"

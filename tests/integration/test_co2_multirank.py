@@ -18,8 +18,9 @@ import torch.nn.functional as F
 from data_pipeline.sampler import StepIndices
 from tests.helpers.reference import random_hard_negatives, reference_co2_pairs, reference_co2_per_view, reference_loss
 from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
-from trainer.classifier.consistency import ConsistencySettings
-from trainer.classifier.kernel import KernelSettings, sharded_cosine_ce_with_consistency
+from data_pipeline.view_layout import ViewLayout
+from trainer.classifier.consistency import ConsistencySettings, ConsistencyTerm
+from trainer.classifier.kernel import KernelSettings, sharded_cosine_ce_with_term
 from trainer.classifier.module import gaussian_rows
 from trainer.engine.schedule import set_lr
 from trainer.objectives import ObjectiveContext, OptimSettings, PicConfig, StepViews, View, build_objective
@@ -52,7 +53,7 @@ def _check_kernel(views: int, global_views: int):
     # Upstream gradients of both outputs, negative ones included (the kernel flips such columns).
     grad_loss = torch.rand(batch, generator=generator, dtype=torch.float64) * 2 - 1
     grad_term = torch.rand(batch, generator=generator, dtype=torch.float64) * 2 - 1
-    consistency = ConsistencySettings(TAU_CON, views, global_views)
+    term_in_kernel = ConsistencyTerm(ConsistencySettings(TAU_CON, views, global_views))
     for smoothing, cache, chunk, sampled in itertools.product([0.0, 0.2], [0, 1 << 20], [5, 7], [False, True]):
         label = f"T={world} rank {rank} views={views}/{global_views} alpha={smoothing} cache={cache} chunk={chunk} " \
                 f"sampled={sampled}"
@@ -85,8 +86,8 @@ def _check_kernel(views: int, global_views: int):
         w = torch.nn.Parameter(weight.clone())
         settings = KernelSettings(temperature=TAU, chunk_size=chunk, logits_cache_bytes=cache)
         with mock.patch.object(dist, "all_reduce", wraps=dist.all_reduce) as all_reduce:
-            loss, term = sharded_cosine_ce_with_consistency(
-                F.normalize(x, dim=1), w, local_cols, target_weights.expand(batch, -1), settings, consistency, group,
+            loss, term = sharded_cosine_ce_with_term(
+                F.normalize(x, dim=1), w, local_cols, target_weights.expand(batch, -1), settings, term_in_kernel, group,
                 rows=rows,
             )
             ((loss * grad_loss.float()).sum() + (term * grad_term.float()).sum()).backward()
@@ -130,11 +131,11 @@ def _check_classifier_total_loss():
     valid[-1] = False  # the last image is a padding repeat: it counts in neither term
     config = ClassifierConfig(num_classes=NUM_ROWS, feature_dim=DIM, temperature=TAU, chunk_size=5, init_std=1.0,
                               co2_alpha=ALPHA, co2_temperature=TAU_CON)
-    classifier = ShardedCosineClassifier(config, dims)
+    classifier = ShardedCosineClassifier(config, dims, ViewLayout(("global", "global", "small"), (32, 32, 16)))
     mine = slice(rank * LOCAL, (rank + 1) * LOCAL)
     local = features[:, mine].clone().requires_grad_()
     loss = classifier(local.reshape(-1, DIM), image_ids[mine].repeat(3), valid=valid[mine].repeat(3),
-                      global_valid=int(valid.sum()) * 3, view_kinds=["global", "global", "small"])
+                      global_valid=int(valid.sum()) * 3)
     loss.backward()
 
     weight = gaussian_rows(0, NUM_ROWS, DIM, 1.0, config.init_seed).double().requires_grad_()
@@ -185,7 +186,8 @@ def _check_pic_step():
     config = PicConfig(temperature=PIC_TAU, chunk_size=3, queue_size=QUEUE, init_std=1.0, row_dtype="float64",
                        prefetch=False, co2_alpha=ALPHA, co2_temperature=TAU_CON)
     context = ObjectiveContext(dims=dims, num_instances=NUM_ROWS, feature_dim=DIM, seed=2,
-                               optim=OptimSettings(momentum=0.9, weight_decay=0.0))
+                               optim=OptimSettings(momentum=0.9, weight_decay=0.0),
+                               views=ViewLayout(("global", "global"), (32, 32)))
     objective = build_objective(config, context)
     set_lr(objective.optimizers()[0], 0.0)
     generator = np.random.default_rng(5)

@@ -41,7 +41,7 @@ def _check_against_reference(classifier_parallel_size):
     for mode, form, alpha, chunk, averaged in cases:
         config = ClassifierConfig(
             num_classes=NUM_CLASSES, feature_dim=DIM, temperature=TAU, chunk_size=chunk, mode=mode,
-            smoothing_alpha=alpha, smoothing_top_k=TOP_K, smoothing_form=form, init_std=1.0,
+            smoothing_alpha=alpha, top_k=TOP_K, smoothing_form=form, init_std=1.0,
             backbone_grads_averaged=averaged,
         )
         classifier = ShardedCosineClassifier(config, dims)
@@ -92,7 +92,7 @@ def _train_a_few_steps(mode, steps=3):
     torch.manual_seed(0)
     backbone = torch.nn.Linear(16, DIM)
     config = ClassifierConfig(
-        num_classes=NUM_CLASSES, feature_dim=DIM, chunk_size=7, mode=mode, smoothing_alpha=0.2, smoothing_top_k=TOP_K
+        num_classes=NUM_CLASSES, feature_dim=DIM, chunk_size=7, mode=mode, smoothing_alpha=0.2, top_k=TOP_K
     )
     classifier = ShardedCosineClassifier(config, dims)
     parameters = list(backbone.parameters()) + [classifier.weight]
@@ -161,7 +161,7 @@ def test_bad_input_on_one_rank_fails_every_rank_without_hanging(worker):
 def _in_backward_sgd_matches_torch_sgd():
     dims = init_distributed()
     config = ClassifierConfig(num_classes=NUM_CLASSES, feature_dim=DIM, chunk_size=5, smoothing_alpha=0.2,
-                              smoothing_top_k=TOP_K)
+                              top_k=TOP_K)
     plain, fused = ShardedCosineClassifier(config, dims), ShardedCosineClassifier(config, dims)
     sgd = torch.optim.SGD([plain.weight], lr=0.3, momentum=0.9, weight_decay=1e-2)
     in_backward = fused.use_in_backward_sgd(lr=0.3, momentum=0.9, weight_decay=1e-2)

@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from data_pipeline.sampler import StepIndices
+from data_pipeline.view_layout import ViewLayout
 from trainer.classifier.module import gaussian_rows
 from trainer.engine.checkpoint import load_component, save_component
 from trainer.engine.schedule import LRSchedule, set_lr
@@ -32,11 +33,12 @@ DIM, TAU, SEED, INIT_STD = 8, 0.2, 5, 1.0
 MOMENTUM, WEIGHT_DECAY = 0.9, 5e-3  # a large decay so that skipped steps move rows visibly
 
 
-def _objective(dims, num_instances, queue_size, **overrides):
+def _objective(dims, num_instances, queue_size, views=2, **overrides):
     config = PicConfig(temperature=TAU, chunk_size=3, queue_size=queue_size, init_std=INIT_STD, row_dtype="float64",
                        **overrides)
     context = ObjectiveContext(dims=dims, num_instances=num_instances, feature_dim=DIM, seed=SEED,
-                               optim=OptimSettings(momentum=MOMENTUM, weight_decay=WEIGHT_DECAY))
+                               optim=OptimSettings(momentum=MOMENTUM, weight_decay=WEIGHT_DECAY),
+                               views=ViewLayout(("global",) * views, (32,) * views))
     return build_objective(config, context)
 
 
@@ -193,7 +195,7 @@ def _long_batch(step):
 
 def _long_phase(folder: str, first: int, end: int):
     dims = init_distributed()
-    objective = _objective(dims, N_LONG, QUEUE_LONG)
+    objective = _objective(dims, N_LONG, QUEUE_LONG, views=1)
     if first:
         load_component(Path(folder, f"step{first}"), "objective", objective, dims, dims.device)
     schedule = _long_schedule()

@@ -8,7 +8,7 @@ from trainer.parallel import init_distributed, single_process_dims
 
 
 def classifier(**overrides):
-    settings = dict(num_classes=20, feature_dim=8, smoothing_alpha=0.2, smoothing_top_k=3)
+    settings = dict(num_classes=20, feature_dim=8, smoothing_alpha=0.2, top_k=3)
     settings.update(overrides)
     return ShardedCosineClassifier(ClassifierConfig(**settings), single_process_dims(torch.device("cpu")))
 
@@ -36,7 +36,7 @@ def test_bad_batches_are_named(features, ids, hard, message):
 
 
 def test_more_hard_negatives_than_other_classes():
-    small = classifier(num_classes=4, smoothing_top_k=3)
+    small = classifier(num_classes=4, top_k=3)
     ids = torch.tensor([0, 1])
     with pytest.raises(ClassifierInputError, match=r"K=4 columns but an instance has only 3 other classes"):
         small(torch.randn(2, 8), ids, torch.tensor([[1, 2, 3, 1], [0, 2, 3, 0]]))
@@ -45,7 +45,7 @@ def test_more_hard_negatives_than_other_classes():
 @pytest.mark.parametrize(
     "overrides,message",
     [
-        (dict(smoothing_top_k=20), r"smoothing_top_k=20 is invalid: K must be at most num_classes - 1 = 19"),
+        (dict(top_k=20), r"top_k=20 is invalid: K must be at most num_classes - 1 = 19"),
         (dict(temperature=0.0), "temperature=0.0 is invalid"),
         (dict(mode="replicated"), r"mode='replicated' is invalid: choose one of \('dhp', 'ddp'\)"),
         (dict(smoothing_form="inside"), "smoothing_form='inside' is invalid"),

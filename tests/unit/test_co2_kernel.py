@@ -7,9 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from data_pipeline.view_layout import ViewLayout
 from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
-from trainer.classifier.consistency import ConsistencySettings, settings_for_views
-from trainer.classifier.kernel import KernelSettings, sharded_cosine_ce, sharded_cosine_ce_with_consistency
+from trainer.classifier.consistency import ConsistencySettings, ConsistencyTerm
+from trainer.classifier.kernel import KernelSettings, sharded_cosine_ce, sharded_cosine_ce_with_term
 from trainer.objectives import InstanceConfig, PicConfig
 from trainer.parallel.dims import single_process_dims
 
@@ -18,8 +19,8 @@ NUM_ROWS, DIM, IMAGES = 6, 3, 2
 
 def _term(features, weight, ids, settings, consistency, upstream):
     targets = ids.repeat(2)[:, None]
-    _, term = sharded_cosine_ce_with_consistency(features, weight, targets, torch.ones(2 * IMAGES, 1), settings,
-                                                 consistency, None)
+    _, term = sharded_cosine_ce_with_term(features, weight, targets, torch.ones(2 * IMAGES, 1), settings,
+                                          ConsistencyTerm(consistency), None)
     return (term * upstream).sum()
 
 
@@ -54,10 +55,10 @@ def _classifier_step(co2_alpha: float | None):
     overrides = {} if co2_alpha is None else {"co2_alpha": co2_alpha}
     classifier = ShardedCosineClassifier(
         ClassifierConfig(num_classes=NUM_ROWS, feature_dim=DIM, chunk_size=4, init_std=1.0, **overrides),
-        single_process_dims(),
+        single_process_dims(), ViewLayout(("global", "global"), (32, 32)),
     )
     features = torch.randn(2 * IMAGES, DIM, generator=torch.Generator().manual_seed(2)).requires_grad_()
-    loss = classifier(features, torch.tensor([0, 5]).repeat(2), view_kinds=["global", "global"])
+    loss = classifier(features, torch.tensor([0, 5]).repeat(2))
     loss.backward()
     return loss, features.grad, classifier.weight.grad
 
@@ -79,8 +80,8 @@ def test_fused_kernel_leaves_the_instance_loss_unchanged():
     for fused in (False, True):
         x, w = features.clone().requires_grad_(), weight.clone().requires_grad_()
         if fused:
-            loss, term = sharded_cosine_ce_with_consistency(x, w, targets, torch.ones(4, 1), settings,
-                                                            ConsistencySettings(), None)
+            loss, term = sharded_cosine_ce_with_term(x, w, targets, torch.ones(4, 1), settings,
+                                                     ConsistencyTerm(ConsistencySettings()), None)
             (loss.sum() + 0 * term.sum()).backward()
         else:
             loss = sharded_cosine_ce(x, w, targets, torch.ones(4, 1), settings, None)
@@ -93,19 +94,18 @@ def test_fused_kernel_leaves_the_instance_loss_unchanged():
 
 def test_settings_refuse_what_cannot_work():
     with pytest.raises(ValueError, match="two global views"):
-        settings_for_views(0.05, ["global", "small", "small"])
+        ConsistencyTerm.for_views(0.05, 0.3, ["global", "small", "small"])
     with pytest.raises(ValueError, match="two global views"):
-        settings_for_views(0.05, ["global", "small", "global"])
-    assert settings_for_views(0.05, ["global", "global", "small"]) == ConsistencySettings(0.05, 3, 2)
+        ConsistencyTerm.for_views(0.05, 0.3, ["global", "small", "global"])
+    assert ConsistencyTerm.for_views(0.05, 0.3, ["global", "global", "small"]).settings == ConsistencySettings(0.05, 3, 2)
     for config in (InstanceConfig, PicConfig):
         with pytest.raises(ValueError, match="co2_temperature=0.01 is invalid"):
             config(co2_temperature=0.01)
         with pytest.raises(ValueError, match="co2_alpha=-0.1 is invalid"):
             config(co2_alpha=-0.1)
-    one_view = ShardedCosineClassifier(ClassifierConfig(num_classes=NUM_ROWS, feature_dim=DIM, co2_alpha=0.3),
-                                       single_process_dims())
-    with pytest.raises(ValueError, match="num_views: 2"):
-        one_view(torch.randn(2, DIM), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="num_views: 2"):  # the job's layout is checked when the head is built
+        ShardedCosineClassifier(ClassifierConfig(num_classes=NUM_ROWS, feature_dim=DIM, co2_alpha=0.3),
+                                single_process_dims())
 
 
 def _term_and_grads(compiled: bool, kernel_temperature: float, views: list[str]):
@@ -116,9 +116,9 @@ def _term_and_grads(compiled: bool, kernel_temperature: float, views: list[str])
     weight = torch.randn(rows, DIM, generator=generator).requires_grad_()
     targets = torch.tensor([7, 0, 3]).repeat(len(views))[:, None]
     settings = KernelSettings(temperature=kernel_temperature, chunk_size=4)
-    consistency = settings_for_views(0.05, views, compiled=compiled)
-    loss, term = sharded_cosine_ce_with_consistency(features, weight, targets, torch.ones(len(targets), 1), settings,
-                                                    consistency, None)
+    term_of_views = ConsistencyTerm.for_views(0.05, 1.0, views, compiled=compiled)
+    loss, term = sharded_cosine_ce_with_term(features, weight, targets, torch.ones(len(targets), 1), settings,
+                                             term_of_views, None)
     upstream = torch.rand(len(targets), generator=generator)
     (loss.sum() + (term * upstream).sum()).backward()
     return loss, term, features.grad, weight.grad
@@ -129,11 +129,11 @@ def test_compiled_chunk_math_equals_the_same_code_run_eagerly(kernel_temperature
     views = ["global", "global", "small"]  # a small crop: its columns take the kernel's part only
     eager = _term_and_grads(False, kernel_temperature, views)
     compiled = _term_and_grads(True, kernel_temperature, views)
-    from trainer.classifier import consistency
+    from trainer.classifier import consistency_math
 
     assert eager[1].abs().max() > 1e-3  # the term is not zero
     # Both functions ran compiled (inductor), not through the eager fallback.
-    for function in (consistency._fused_add_chunk_sums, consistency._fused_grad_logits):
+    for function in (consistency_math.fused_add_chunk_sums, consistency_math.fused_grad_logits):
         assert not function.fell_back and function._kernels
     for got, want in zip(compiled, eager):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
@@ -159,11 +159,11 @@ def test_a_failed_compile_runs_the_function_eagerly_with_a_warning(monkeypatch, 
 
 def _chunk_inputs(kernel_temperature, views, global_views, ranks, local):
     """Random inputs of both chunk functions for one layout, with padding and own rows in the chunk."""
-    from trainer.classifier.consistency import _ChunkMath
+    from trainer.classifier.consistency_math import ChunkMath
 
     generator = torch.Generator().manual_seed(5)
     settings = ConsistencySettings(0.05, views, global_views)
-    math_ = _ChunkMath.of(settings, kernel_temperature, ranks * views * local, ranks)
+    math_ = ChunkMath.of(settings, kernel_temperature, ranks * views * local, ranks)
     rows, columns = 70, ranks * views * local
     logits = torch.randn(rows, columns, generator=generator) * 4
     shift = torch.randn(columns, generator=generator) + 3
@@ -207,7 +207,7 @@ def test_chunk_math_is_the_same_on_every_vector_isa_this_machine_has(kernel_temp
     from torch._inductor import config as inductor_config
     from torch._inductor import metrics as inductor_metrics
 
-    from trainer.classifier.consistency import _add_chunk_sums, _grad_logits
+    from trainer.classifier.consistency_math import _add_chunk_sums, _grad_logits
     from trainer.classifier.fusion import Fused
 
     math_, grad_inputs, sums = _chunk_inputs(kernel_temperature, views, global_views, ranks, local)

@@ -83,6 +83,7 @@ def test_co2_term_adds_no_workspace_buffers_and_plans_one_block(monkeypatch, cac
     inductor-compiled backward writes (the same code on every device)."""
     import torch
 
+    from data_pipeline.view_layout import ViewLayout
     from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
     from trainer.classifier.chunk_workspace import ChunkWorkspace
     from trainer.parallel.dims import single_process_dims
@@ -103,9 +104,10 @@ def test_co2_term_adds_no_workspace_buffers_and_plans_one_block(monkeypatch, cac
         allocated.clear()
         classifier = ShardedCosineClassifier(
             ClassifierConfig(num_classes=num_classes, feature_dim=16, chunk_size=chunk, co2_alpha=alpha,
-                             logits_cache_bytes=cache_bytes), single_process_dims())
+                             logits_cache_bytes=cache_bytes), single_process_dims(),
+            ViewLayout(("global", "global"), (32, 32)))
         features = torch.randn(2 * batch, 16, requires_grad=True)
-        classifier(features, torch.arange(batch).repeat(2), view_kinds=["global", "global"]).backward()
+        classifier(features, torch.arange(batch).repeat(2)).backward()
         return sum(allocated)
 
     assert workspace_bytes(0.3) == workspace_bytes(0.0) > 0

@@ -12,7 +12,7 @@ NUM_CLASSES, DIM, BATCH, TOP_K = 37, 8, 11, 5
 
 
 def make_classifier(**overrides):
-    settings = dict(num_classes=NUM_CLASSES, feature_dim=DIM, init_std=1.0, smoothing_top_k=TOP_K)
+    settings = dict(num_classes=NUM_CLASSES, feature_dim=DIM, init_std=1.0, top_k=TOP_K)
     settings.update(overrides)
     return ShardedCosineClassifier(ClassifierConfig(**settings), single_process_dims(torch.device("cpu")))
 

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from trainer.bench.classifier_bench import ClassifierBenchSettings
 from trainer.bench.step_runner import synchronize
+from data_pipeline.view_layout import ViewLayout
 from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
 from trainer.parallel import init_distributed
 from trainer.parallel.host_memory import keep_freed_host_memory
@@ -27,14 +28,14 @@ from trainer.parallel.launch import spawn_local_workers
 
 CO2_ALPHA, CO2_TEMPERATURE = 0.3, 0.05  # CO2's MoCo v2 setting
 VARIANTS = ("plain", "co2")
-VIEW_KINDS = ["global", "global"]
+TWO_VIEWS = ViewLayout(("global", "global"), (224, 224))  # the sides do not matter here
 
 
 def _classifier(settings: ClassifierBenchSettings, dims, alpha: float) -> ShardedCosineClassifier:
     return ShardedCosineClassifier(
         ClassifierConfig(num_classes=settings.num_classes, feature_dim=settings.dim, chunk_size=settings.chunk_size,
                          validate_inputs=False, co2_alpha=alpha, co2_temperature=CO2_TEMPERATURE),
-        dims,
+        dims, TWO_VIEWS,
     )
 
 
@@ -60,7 +61,7 @@ def _worker(settings: ClassifierBenchSettings, result_path: str) -> None:
             start = time.perf_counter()
             optimizers[name].zero_grad()
             features.grad = None
-            classifier(features, ids, view_kinds=VIEW_KINDS).backward()
+            classifier(features, ids).backward()
             optimizers[name].step()
             synchronize(device)
             if step >= settings.warmup:

@@ -1,49 +1,117 @@
-"""Settings of the instance classifier; every field is checked with a message that names the fix."""
+"""Settings of the cosine classifier, declared and checked once.
+
+``HeadSettings`` are what every objective built on the sharded cosine head has (``pic`` uses only
+these); ``ClassifierSettings`` add the full classifier's (``instance`` is configured by them);
+``ClassifierConfig`` adds what the data and the job decide (N, D, the seed).  Objective configs
+inherit the settings, so a field is declared, documented and checked in one place, and the YAML
+stays flat (``objective.temperature``, ``objective.top_k``).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
-from trainer.classifier.kernel import MAX_ABS_LOGIT
+from data_pipeline.view_layout import ViewLayout
+from trainer.checks import raise_first_invalid
+from trainer.classifier.chunk_term import ChunkTerm
+from trainer.classifier.consistency import ConsistencyTerm
+from trainer.classifier.kernel import MAX_ABS_LOGIT, KernelSettings
 from trainer.classifier.losses import SmoothingForm
 
 MODES = ("dhp", "ddp")
+_TEMPERATURE_FIX = (f"use a temperature >= {1 / MAX_ABS_LOGIT}; the kernel exponentiates cosine logits up to "
+                    "1/temperature without a running max")
 
 
-def co2_checks(config) -> list[tuple[bool, str, str]]:
-    """``(ok, field, fix)`` for the ``co2_alpha`` / ``co2_temperature`` fields of ``config``."""
-    return [
-        (config.co2_alpha >= 0, "co2_alpha", "use alpha >= 0 (0: off; CO2's MoCo v2 setting: 0.3)"),
-        (config.co2_temperature >= 1 / MAX_ABS_LOGIT, "co2_temperature",
-         f"use a temperature >= {1 / MAX_ABS_LOGIT} (CO2's MoCo v2 setting: 0.05); the kernel exponentiates "
-         "cosine logits up to 1/temperature without a running max"),
-    ]
+@dataclass(frozen=True)
+class HeadSettings:
+    """Attributes:
+    temperature: tau of the cosine softmax (instance paper: 0.15; PIC: 0.2).
+    chunk_size: rows scored at once; activation memory is O(batch * chunk_size).
+    init_std: std of the Gaussian initial rows (the same rows under any sharding).
+    co2_alpha: weight of CO2's consistency term between the global views' similarity
+        distributions over the other rows (``trainer.classifier.consistency``); 0 is off, CO2's
+        MoCo v2 setting is 0.3.  Needs at least two global views per image.
+    co2_temperature: tau_con of that term (CO2's MoCo v2 setting: 0.05).
+    """
+
+    temperature: float = 0.15
+    chunk_size: int = 65536
+    init_std: float = 0.01
+    co2_alpha: float = 0.0
+    co2_temperature: float = 0.05
+
+    def __post_init__(self) -> None:
+        raise_first_invalid(self, self.checks())
+
+    def checks(self) -> list[tuple[bool, str, str]]:
+        """``(ok, field, fix)`` of every field; subclasses add theirs."""
+        return [
+            (self.temperature >= 1 / MAX_ABS_LOGIT, "temperature", _TEMPERATURE_FIX),
+            (self.chunk_size >= 1, "chunk_size", "use a positive number of rows per chunk (e.g. 65536)"),
+            (self.init_std > 0, "init_std", "use a positive standard deviation (e.g. 0.01)"),
+            (self.co2_alpha >= 0, "co2_alpha", "use alpha >= 0 (0: off; CO2's MoCo v2 setting: 0.3)"),
+            (self.co2_temperature >= 1 / MAX_ABS_LOGIT, "co2_temperature", _TEMPERATURE_FIX),
+        ]
+
+    def kernel_settings(self) -> KernelSettings:
+        return KernelSettings(temperature=self.temperature, chunk_size=self.chunk_size)
+
+    def term(self, views: ViewLayout) -> ChunkTerm | None:
+        """The per-sample term fused into the kernel for a batch of these views (None: none)."""
+        if self.co2_alpha == 0:
+            return None
+        return ConsistencyTerm.for_views(self.co2_temperature, self.co2_alpha, views.kinds)
 
 
-@dataclass
-class ClassifierConfig:
-    """The N-way cosine-softmax instance classifier.
+@dataclass(frozen=True)
+class ClassifierSettings(HeadSettings):
+    """Attributes (besides ``HeadSettings``'):
+    mode: "dhp" shards W by class range over the classifier group (the method); "ddp" replicates
+        it on every rank and all-reduces its N x D gradient (the baseline it beats).
+    smoothing_alpha: alpha of the top-K hardest label smoothing; 0 turns it (and its search) off.
+    top_k: K hard negatives per instance (paper: 100); at most N - 1.
+    smoothing_form: "paper" (Eq. 3, weights inside the log) or "soft_target" (-sum y log p); see
+        ``trainer.classifier.losses``.
+    logits_cache_bytes: keep the forward's chunk logits for the backward when they fit in this
+        many bytes per rank (one matmul fewer per step); 0 recomputes them.
+    """
+
+    mode: str = "dhp"
+    smoothing_alpha: float = 0.0
+    top_k: int = 100
+    smoothing_form: str = "paper"
+    logits_cache_bytes: int = 0
+
+    def checks(self) -> list[tuple[bool, str, str]]:
+        forms = tuple(form.value for form in SmoothingForm)
+        return [
+            *super().checks(),
+            (self.mode in MODES, "mode", f"choose one of {MODES}"),
+            (0 <= self.smoothing_alpha < 1, "smoothing_alpha", "use 0 <= alpha < 1 (paper: 0.2)"),
+            (self.top_k >= 1, "top_k", "use K >= 1 hard negatives per instance (paper: 100), or smoothing_alpha: 0"),
+            (self.smoothing_form in forms, "smoothing_form", f"choose one of {forms}"),
+            (self.logits_cache_bytes >= 0, "logits_cache_bytes", "use 0 (recompute) or a byte budget"),
+        ]
+
+    def kernel_settings(self) -> KernelSettings:
+        return KernelSettings(temperature=self.temperature, chunk_size=self.chunk_size, form=self.smoothing_form,
+                              logits_cache_bytes=self.logits_cache_bytes)
+
+    @property
+    def form(self) -> SmoothingForm:
+        return SmoothingForm(self.smoothing_form)
+
+
+@dataclass(frozen=True)
+class ClassifierConfig(ClassifierSettings):
+    """The N-way instance classifier of one job (``ClassifierSettings`` plus what the job decides).
 
     Attributes:
         num_classes: N, the number of instances (one class each).
         feature_dim: D, the width of the projection head's output.
-        temperature: tau of the cosine softmax (the paper uses 0.15).
-        chunk_size: classes scored at once; activation memory is O(batch * chunk_size).
-        mode: "dhp" shards W by class range over the classifier group and all-gathers features;
-            "ddp" is the baseline: full W on every rank, local batch, W's gradient all-reduced.
-        smoothing_alpha: alpha of the top-K hardest label smoothing; 0 disables it.
-        smoothing_top_k: K, hard negatives per instance (the paper uses 100).
-        smoothing_form: "paper" (Eq. 3, weights inside the log) or "soft_target" (the usual
-            -sum y log p); see ``trainer.classifier.losses``.
-        init_std: standard deviation of the Gaussian initial weights.
         init_seed: seed of the initial weights; rows depend only on (seed, global row), so the
             same seed gives the same W under any sharding.
-        co2_alpha: weight of CO2's consistency term (``trainer.classifier.consistency``); 0 is off,
-            CO2's MoCo v2 setting is 0.3.  Needs at least two global views per image.
-        co2_temperature: tau_con of the term's two distributions (CO2's MoCo v2 setting: 0.05).
-        logits_cache_bytes: keep the chunk logits of the forward for the backward when they fit in
-            this many bytes per rank, instead of recomputing them (one matmul fewer per step);
-            0 always recomputes.
         validate_inputs: check ids, shapes and equal batch sizes on every call (costs a host
             sync and one tiny all-reduce; a trainer may disable it after the first steps).
         backbone_grads_averaged: the gradient sent back to the features assumes the backbone's
@@ -53,53 +121,23 @@ class ClassifierConfig:
             caller sums backbone gradients instead.
     """
 
-    num_classes: int
+    num_classes: int = field(kw_only=True)
     feature_dim: int = 128
-    temperature: float = 0.15
-    chunk_size: int = 65536
-    mode: str = "dhp"
-    smoothing_alpha: float = 0.0
-    smoothing_top_k: int = 100
-    smoothing_form: str = "paper"
-    init_std: float = 0.01
     init_seed: int = 0
-    co2_alpha: float = 0.0
-    co2_temperature: float = 0.05
-    logits_cache_bytes: int = 0
     validate_inputs: bool = True
     backbone_grads_averaged: bool = True
 
-    def __post_init__(self) -> None:
-        def need(ok: bool, field: str, fix: str) -> None:
-            if not ok:
-                raise ValueError(f"classifier.{field}={getattr(self, field)!r} is invalid: {fix}")
+    @classmethod
+    def of(cls, settings: ClassifierSettings, **job) -> ClassifierConfig:
+        """The classifier configured by an objective's ``settings`` plus the job's fields (``job``)."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(ClassifierSettings)}, **job)
 
-        need(self.num_classes >= 2, "num_classes", "an instance classifier needs at least 2 instances")
-        need(self.feature_dim >= 1, "feature_dim", "set it to the projection head's output width (e.g. 128)")
-        need(self.temperature >= 1 / MAX_ABS_LOGIT, "temperature",
-             f"use a temperature >= {1 / MAX_ABS_LOGIT} (the paper uses 0.15): the kernel exponentiates cosine "
-             "logits up to 1/temperature without a running max")
-        need(self.chunk_size >= 1, "chunk_size", "use a positive number of classes per chunk (e.g. 65536)")
-        need(self.mode in MODES, "mode", f"choose one of {MODES}")
-        need(0.0 <= self.smoothing_alpha < 1.0, "smoothing_alpha", "use 0 <= alpha < 1 (the paper uses 0.2)")
-        need(
-            self.smoothing_top_k >= 1,
-            "smoothing_top_k",
-            "use K >= 1 hard negatives per instance (the paper uses 100), or smoothing_alpha=0",
-        )
-        need(
-            self.smoothing_alpha == 0 or self.smoothing_top_k <= self.num_classes - 1,
-            "smoothing_top_k",
-            f"K must be at most num_classes - 1 = {self.num_classes - 1} (an instance has that many "
-            "other classes); lower K or set smoothing_alpha=0",
-        )
-        valid_forms = tuple(form.value for form in SmoothingForm)
-        need(self.smoothing_form in valid_forms, "smoothing_form", f"choose one of {valid_forms}")
-        need(self.init_std > 0, "init_std", "use a positive standard deviation (e.g. 0.01)")
-        for ok, field, fix in co2_checks(self):
-            need(ok, field, fix)
-        need(self.logits_cache_bytes >= 0, "logits_cache_bytes", "use 0 (recompute) or a byte budget")
-
-    @property
-    def form(self) -> SmoothingForm:
-        return SmoothingForm(self.smoothing_form)
+    def checks(self) -> list[tuple[bool, str, str]]:
+        return [
+            (self.num_classes >= 2, "num_classes", "an instance classifier needs at least 2 instances"),
+            (self.feature_dim >= 1, "feature_dim", "set it to the projection head's output width (e.g. 128)"),
+            *super().checks(),
+            (self.smoothing_alpha == 0 or self.top_k <= self.num_classes - 1, "top_k",
+             f"K must be at most num_classes - 1 = {self.num_classes - 1} (an instance has that many other "
+             "classes in this data set); lower it or set smoothing_alpha: 0"),
+        ]

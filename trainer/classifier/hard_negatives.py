@@ -58,7 +58,7 @@ def search_hard_negatives(
     ``use_faiss`` defaults to True for CPU tensors and False for CUDA ones.
     """
     if top_k > shard.num_classes - 1:
-        raise ValueError(f"smoothing_top_k={top_k} needs at least {top_k + 1} instances, have {shard.num_classes}")
+        raise ValueError(f"top_k={top_k} needs at least {top_k + 1} instances, have {shard.num_classes}")
     queries = F.normalize(weight_local.float(), dim=1).contiguous()
     device = queries.device
     if use_faiss is None:

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
+from trainer.classifier.chunk_term import ChunkTerm, KernelPass
 from trainer.classifier.chunk_workspace import ChunkWorkspace, LogitsCache
-from trainer.classifier.consistency import ConsistencyBackward, ConsistencyForward, ConsistencySettings
 from trainer.classifier.losses import LOG_NORMALIZER, LOSS_FORMS, SmoothingForm, Targets
 from trainer.classifier.reductions import SampleColumns, reduce_over_ranks
 from trainer.classifier.scored_rows import ScoredRows
@@ -76,25 +77,22 @@ def sharded_cosine_ce(features, weight, target_cols, target_weights, settings: K
                   None)[0]
 
 
-def sharded_cosine_ce_with_consistency(features, weight, target_cols, target_weights, settings: KernelSettings,
-                                       consistency: ConsistencySettings, group, timer=None, rows=None,
-                                       update_in_backward=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(per-sample loss [B], per-sample CO2 term [B])`` from the same chunk loop and the same two
-    all-reduces (see ``trainer.classifier.consistency``).  The batch must be laid out
-    ``[ranks, views, b]`` (the all-gather order of per-rank concatenated views); the term is 0 in the
-    columns of views that do not take part."""
+def sharded_cosine_ce_with_term(features, weight, target_cols, target_weights, settings: KernelSettings,
+                               term: ChunkTerm, group, timer=None, rows=None,
+                               update_in_backward=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(per-sample loss [B], per-sample term [B])`` from the same chunk loop and the same two
+    all-reduces: ``term`` (a ``trainer.classifier.chunk_term.ChunkTerm``) adds its columns to them."""
     return _apply(features, weight, target_cols, target_weights, settings, group, timer, rows, update_in_backward,
-                  consistency)
+                  term)
 
 
-def _apply(features, weight, target_cols, target_weights, settings, group, timer, rows, update_in_backward,
-           consistency):
+def _apply(features, weight, target_cols, target_weights, settings, group, timer, rows, update_in_backward, term):
     scored = ScoredRows(rows, weight.shape[0])
     # Without a backward to come (no_grad, frozen inputs) a cache would only cost memory.
     backward_expected = torch.is_grad_enabled() and (features.requires_grad or weight.requires_grad)
     cache_budget = settings.logits_cache_bytes if backward_expected else 0
     return _ShardedCosineCE.apply(features, weight, target_cols, target_weights, settings, group, timer, scored,
-                                  update_in_backward, cache_budget, consistency)
+                                  update_in_backward, cache_budget, term)
 
 
 class _TargetsByChunk:
@@ -119,11 +117,18 @@ def _cache_for(cache_budget: int, batch: int, scored: ScoredRows, device) -> Log
     return None
 
 
+def _kernel_pass(batch: int, ranks: int, scored: ScoredRows, targets: _TargetsByChunk,
+                 settings: KernelSettings) -> KernelPass:
+    """What a term is told of the pass; the targets' row 0 is each column's own row."""
+    return KernelPass(batch, ranks, settings.temperature, scored.num_chunks(settings.chunk_size), targets.chunk[0],
+                      targets.row[0])
+
+
 def _forward_chunks(scaled_features, weight, scored: ScoredRows, target_cols, settings: KernelSettings,
-                    cache_budget: int, consistency: ConsistencySettings | None, ranks: int):
-    """``(sum_j exp(z_ij) [B], base-2 target logits [B, K+1], cache or None, consistency sums or None)``
-    over the scored rows.  With the consistency term the cache keeps the base-2 logits themselves
-    (its backward needs them), otherwise ``exp(z)``."""
+                    cache_budget: int, term: ChunkTerm | None, ranks: int):
+    """``(sum_j exp(z_ij) [B], base-2 target logits [B, K+1], cache or None, the term's forward or None)``
+    over the scored rows.  With a term the cache keeps the base-2 logits themselves (the term's
+    backward needs them), otherwise ``exp(z)``."""
     batch, device = scaled_features.shape[0], scaled_features.device
     sum_exp = torch.zeros(batch, device=device)
     target_logits = torch.zeros(target_cols.shape[::-1], device=device)  # [K+1, B]
@@ -131,66 +136,58 @@ def _forward_chunks(scaled_features, weight, scored: ScoredRows, target_cols, se
     workspace = ChunkWorkspace(batch, min(settings.chunk_size, scored.count), weight.shape[1], scaled_features.dtype,
                                device, gathers_rows=scored.indices is not None)
     targets = _TargetsByChunk(target_cols, settings.chunk_size)
-    sums = None
-    if consistency is not None:  # targets' row 0: the instance's own
-        sums = ConsistencyForward(consistency, settings.temperature, batch, ranks, targets.chunk[0], targets.row[0],
-                                  scored.num_chunks(settings.chunk_size))
+    term_pass = None if term is None else term.start_forward(_kernel_pass(batch, ranks, scored, targets, settings))
     for start, end in scored.chunks(settings.chunk_size):
         weight_hat, _ = workspace.normalized_rows(scored.read(weight, start, end, workspace.gathered_rows))
         out = workspace.logits(end - start) if cache is None else cache.chunk(start, end)
         logits = workspace.cosine_logits(scaled_features, weight_hat, out)
         target_rows, inside = targets.in_chunk(start, end - start)
         target_logits += torch.where(inside, logits.gather(0, target_rows), 0.0)
-        if sums is None:
+        if term_pass is None:
             sum_exp += logits.exp2_().sum(dim=0)  # in place: the cache keeps exp(z)
         else:  # the logits stay (the cache keeps them for the term's backward)
-            sum_exp = sums.add_chunk(sum_exp, logits, start // settings.chunk_size)
-    return sum_exp, target_logits.t(), cache, sums
+            sum_exp = term_pass.add_chunk(sum_exp, logits, start // settings.chunk_size)
+    return sum_exp, target_logits.t(), cache, term_pass
 
 
 class _ShardedCosineCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, features, weight, target_cols, target_weights, settings: KernelSettings, group: Group,
                 timer: CommTimer | None, scored: ScoredRows, update_in_backward, cache_budget: int,
-                consistency: ConsistencySettings | None):
+                term: ChunkTerm | None):
         # log2(e)/tau is folded into the features once instead of scaling every chunk's logits.
         scaled_features = (features.float() * (LOG2_E / settings.temperature)).to(features.dtype)
         ranks = group_size(group)
-        sum_exp, target_logits_base2, cache, sums = _forward_chunks(
-            scaled_features, weight, scored, target_cols, settings, cache_budget, consistency, ranks
+        sum_exp, target_logits_base2, cache, term_pass = _forward_chunks(
+            scaled_features, weight, scored, target_cols, settings, cache_budget, term, ranks
         )
         targets = Targets(target_logits_base2 / LOG2_E, target_cols >= 0, target_weights.float())
         form = LOSS_FORMS[SmoothingForm(settings.form)]
         columns = SampleColumns(logsumexp={LOG_NORMALIZER: torch.log(sum_exp)}).add(form.local_columns(targets))
-        if sums is not None:
-            columns = columns.add(sums.columns())  # more columns, the same two all-reduces
+        if term_pass is not None:
+            columns = columns.add(term_pass.columns())  # more columns, the same two all-reduces
         reduced = reduce_over_ranks(columns, group, timer)
         loss, gradient = form.finish(targets, reduced)
         ctx.save_for_backward(scaled_features, weight, target_cols, gradient.softmax_scale, gradient.log_normalizer,
                               gradient.target_coef)
         ctx.settings, ctx.scored, ctx.cache, ctx.update_in_backward = settings, scored, cache, update_in_backward
-        ctx.consistency, ctx.ranks = consistency, ranks
-        if sums is None:
-            term = loss.new_zeros(0)
-            ctx.mark_non_differentiable(term)
-            ctx.consistency_saved = None
+        ctx.term, ctx.ranks = term, ranks
+        if term_pass is None:
+            values = loss.new_zeros(0)
+            ctx.mark_non_differentiable(values)
+            ctx.term_saved = None
         else:
-            term, ctx.consistency_saved = sums.finish(reduced)
-        return loss, term
+            values, ctx.term_saved = term_pass.finish(reduced)
+        return loss, values
 
     @staticmethod
     def backward(ctx, grad_loss, grad_term):
         scaled_features, weight, target_cols, softmax_scale, log_normalizer, target_coef = ctx.saved_tensors
-        consistency = None
-        if ctx.consistency is not None:
-            def consistency(column_signs, shift_base2, targets):
-                return ConsistencyBackward(ctx.consistency, ctx.settings.temperature, ctx.consistency_saved,
-                                           grad_term, column_signs, shift_base2, ctx.ranks, targets.chunk[0],
-                                           targets.row[0], ctx.scored.num_chunks(ctx.settings.chunk_size))
+        term_backward = None if ctx.term is None else partial(_start_term_backward, ctx, grad_term)
         grad_features, grad_weight = _backward_chunks(
             scaled_features, weight, target_cols, grad_loss.float() * softmax_scale, log_normalizer,
             grad_loss.float()[:, None] * target_coef, ctx.settings, ctx.scored, ctx.cache, ctx.update_in_backward,
-            consistency,
+            term_backward,
         )
         if ctx.cache is not None:
             ctx.cache.release()
@@ -198,12 +195,17 @@ class _ShardedCosineCE(torch.autograd.Function):
         return grad_features, grad_weight, None, None, None, None, None, None, None, None, None
 
 
+def _start_term_backward(ctx, grad_term, column_signs, shift_base2, targets: _TargetsByChunk):
+    """The term's backward, once the chunk loop knows the column signs and the softmax shift."""
+    kernel_pass = _kernel_pass(grad_term.shape[0], ctx.ranks, ctx.scored, targets, ctx.settings)
+    return ctx.term.start_backward(kernel_pass, ctx.term_saved, grad_term, column_signs, shift_base2)
+
+
 def _backward_chunks(scaled_features, weight, target_cols, row_scale, log_normalizer, target_grad,
                      settings: KernelSettings, scored: ScoredRows, cache: LogitsCache | None, update,
-                     consistency=None):
-    """``dL/dz_ij = row_scale_i exp(z_ij - log_normalizer_i) - target_grad_ik`` (plus the consistency
-    term's, when ``consistency(column_signs, shift_base2, targets)`` builds its
-    ``ConsistencyBackward``), pushed through the chunk matmuls into the features and (or the
+                     term_backward=None):
+    """``dL/dz_ij = row_scale_i exp(z_ij - log_normalizer_i) - target_grad_ik`` (plus a term's, when
+    ``term_backward(column_signs, shift_base2, targets)`` starts its backward), pushed through the chunk matmuls into the features and (or the
     in-backward update of) the scored rows."""
     batch, dim = scaled_features.shape
     device = scaled_features.device
@@ -215,8 +217,8 @@ def _backward_chunks(scaled_features, weight, target_cols, row_scale, log_normal
     workspace = ChunkWorkspace(batch, min(settings.chunk_size, scored.count), dim, scaled_features.dtype, device,
                                gathers_rows=scored.indices is not None)
     signs, signed_features = None, scaled_features
-    # A cache of exp(z) is rescaled per column; the consistency term needs the logits themselves.
-    scales_cache = cache is not None and consistency is None
+    # A cache of exp(z) is rescaled per column; a term needs the logits themselves.
+    scales_cache = cache is not None and term_backward is None
     if scales_cache:
         cache_scale = (row_scale * torch.exp(-log_normalizer))[None, :]
     else:
@@ -231,7 +233,7 @@ def _backward_chunks(scaled_features, weight, target_cols, row_scale, log_normal
         target_grad = target_grad * signs[:, None]
         signed_features = scaled_features * signs[:, None].to(scaled_features.dtype)
     targets, minus_target_grad = _TargetsByChunk(target_cols, settings.chunk_size), -target_grad.t()
-    term = None if consistency is None else consistency(signs, shift_base2, targets)
+    term = None if term_backward is None else term_backward(signs, shift_base2, targets)
     for start, end in scored.chunks(settings.chunk_size):
         weight_hat, norm = workspace.normalized_rows(scored.read(weight, start, end, workspace.gathered_rows))
         grad_logits = workspace.logits(end - start)

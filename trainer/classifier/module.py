@@ -22,17 +22,17 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
+from data_pipeline.view_layout import ViewLayout
+from trainer.classifier.chunk_term import ChunkTerm
 from trainer.classifier.config import ClassifierConfig
-from trainer.classifier.consistency import settings_for_views, weighted_sum
 from trainer.classifier.hard_negatives import HardNegativeIndex
+from trainer.classifier.head import CosineHead
 from trainer.classifier.in_backward_sgd import InBackwardSGD
 from trainer.classifier.sharding import ClassShard
-from trainer.classifier.kernel import KernelSettings, sharded_cosine_ce, sharded_cosine_ce_with_consistency
 from trainer.classifier.validation import check_inputs_on_all_ranks, local_input_problem, poison_out_of_range
-from trainer.parallel.collectives import CommTimer, all_gather_rows_with_grad, all_reduce_, gather_rows, group_size, scale_grad
+from trainer.parallel.collectives import CommTimer, all_reduce_, gather_rows, group_size
 from trainer.parallel.dims import ParallelDims
 
 INIT_BLOCK_ROWS = 65536  # rows drawn from one seeded generator; fixed so W never depends on sharding
@@ -55,7 +55,12 @@ def gaussian_rows(class_start: int, num_rows: int, dim: int, std: float, seed: i
 
 
 class ShardedCosineClassifier(nn.Module):
-    def __init__(self, config: ClassifierConfig, dims: ParallelDims) -> None:
+    """``views``: the layout of the features it is given (one global view when None); a term such
+    as CO2 pairs the views of an image through it.  ``term``: the per-sample term fused into the
+    kernel (default: the one ``config`` chooses for ``views``, e.g. CO2 when ``co2_alpha > 0``)."""
+
+    def __init__(self, config: ClassifierConfig, dims: ParallelDims, views: ViewLayout | None = None,
+                 term: ChunkTerm | None = None) -> None:
         super().__init__()
         self.config = config
         self.dims = dims
@@ -63,19 +68,19 @@ class ShardedCosineClassifier(nn.Module):
             self.shard = ClassShard(config.num_classes, dims.classifier_parallel_size, dims.classifier_rank)
             self.group = dims.classifier_group
             self.grad_group = dims.classifier_replica_group
-            self.feature_grad_scale = dims.classifier_parallel_size if config.backbone_grads_averaged else 1
+            feature_grad_scale = dims.classifier_parallel_size if config.backbone_grads_averaged else 1
         else:
             self.shard = ClassShard(config.num_classes, 1, 0)
             self.group = None
             self.grad_group = dims.data_parallel_group
-            self.feature_grad_scale = 1
+            feature_grad_scale = 1
         rows = gaussian_rows(
             self.shard.class_start, self.shard.num_classes_local, config.feature_dim, config.init_std, config.init_seed
         )
         self.weight = nn.Parameter(rows.to(dims.device))
-        self.kernel_settings = KernelSettings(temperature=config.temperature, chunk_size=config.chunk_size,
-                                              form=config.smoothing_form, logits_cache_bytes=config.logits_cache_bytes)
         self.comm_timer = CommTimer()  # time in this classifier's collectives (drained by the trainer)
+        self.head = CosineHead(config.kernel_settings(), self.group, feature_grad_scale,
+                               term or config.term(views or ViewLayout.single()), self.comm_timer)
         self.update_in_backward = None
 
     def use_in_backward_sgd(self, lr: float, momentum: float, weight_decay: float):
@@ -113,7 +118,6 @@ class ShardedCosineClassifier(nn.Module):
         valid: torch.Tensor | None = None,
         global_valid: int | None = None,
         validate: bool | None = None,
-        view_kinds: list[str] | None = None,
     ) -> torch.Tensor:
         """Loss of a local batch.
 
@@ -131,9 +135,6 @@ class ShardedCosineClassifier(nn.Module):
                 groups are assumed to hold equal numbers of valid samples.
             validate: check the inputs on this call (collective; default ``config.validate_inputs``).
                 A trainer checks on log steps only, where it syncs anyway.
-            view_kinds: when ``features`` are several views of the same samples concatenated view
-                after view (``instance_ids`` repeated), the kind of each ("global"/"small"); CO2's
-                term (``co2_alpha > 0``) needs them to pair the views of an image.
         """
         config = self.config
         use_smoothing = config.smoothing_alpha > 0 and hard_negatives is not None
@@ -156,23 +157,12 @@ class ShardedCosineClassifier(nn.Module):
         if use_smoothing and explicit_negatives is None:
             target_cols = torch.cat([target_cols, hard_negatives.local_columns(all_ids)], dim=1)
 
-        features = scale_grad(F.normalize(features, dim=1), self.feature_grad_scale)
-        features = all_gather_rows_with_grad(features, self.group, self.comm_timer)
         target_weights = self._target_weights(target_cols.shape[1] - 1, features.device)
         target_weights = target_weights.expand(target_cols.shape[0], -1)
-        denominator = self._loss_denominator(all_valid, global_valid)
-        if config.co2_alpha == 0:
-            per_sample = sharded_cosine_ce(features, self.weight, target_cols, target_weights, self.kernel_settings,
-                                           self.group, self.comm_timer, update_in_backward=self.update_in_backward)
-            per_sample = poison_out_of_range(per_sample, targets, config.num_classes)
-            return (per_sample * all_valid).sum() / denominator
-        consistency = settings_for_views(config.co2_temperature, view_kinds or ["global"])
-        per_sample, term = sharded_cosine_ce_with_consistency(
-            features, self.weight, target_cols, target_weights, self.kernel_settings, consistency, self.group,
-            self.comm_timer, update_in_backward=self.update_in_backward,
-        )
-        per_sample = poison_out_of_range(per_sample, targets, config.num_classes)
-        return weighted_sum(per_sample, term, all_valid, config.co2_alpha, consistency) / denominator
+        loss_sum = self.head.loss_sum(features, self.weight, target_cols, target_weights, all_valid,
+                                      update_in_backward=self.update_in_backward,
+                                      check=lambda loss: poison_out_of_range(loss, targets, config.num_classes))
+        return loss_sum / self._loss_denominator(all_valid, global_valid)
 
     def _target_weights(self, top_k: int, device: torch.device) -> torch.Tensor:
         """``[1, 1 + K]``: the instance's ``1 - alpha``, then ``alpha / K`` per hard negative."""

@@ -52,7 +52,7 @@ def local_input_problem(
     if top_k > num_classes - 1:
         return (
             f"hard_negative_ids has K={top_k} columns but an instance has only {num_classes - 1} other "
-            "classes; lower classifier.smoothing_top_k"
+            "classes; lower objective.top_k"
         )
     bad = _out_of_range(hard_negative_ids, num_classes)
     if bad is not None:

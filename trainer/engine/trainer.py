@@ -15,7 +15,6 @@ skip_step`` it also agrees, before the backward, whether any rank's loss is fini
 
 from __future__ import annotations
 
-import copy
 import math
 import sys
 import time
@@ -27,16 +26,18 @@ from tqdm import tqdm
 
 from data_pipeline.loader import build_loader
 from data_pipeline.manifest import ShardManifest
+from data_pipeline.view_layout import ViewLayout
 from trainer.config import JobConfig
 from trainer.engine.checkpoint import (
     checkpoint_name, load_component, load_engine, load_rng, read_trainer_meta, reseed, resolve_resume_on_rank0,
     save_checkpoint,
 )
-from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, load_deepspeed_config, plain_model_from_engine
+from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, load_deepspeed_config
 from trainer.engine.failpoints import armed, fail_point
-from trainer.engine.preemption import NonFiniteLossError, NonFiniteWatch, StopSignal, what_to_do_after_nonfinite
+from trainer.engine.preemption import NonFiniteWatch, StopSignal
+from trainer.engine.step_skipping import StepSkipper
+from trainer.engine.training_eval import TrainingEvaluation
 from trainer.engine.schedule import LRSchedule, scaled_lr, set_lr
-from trainer.evaluation.scoring import FrozenFeatureScores
 from trainer.observability.memory import peak_rss_bytes
 from trainer.parallel.launch import mark_clean_stop
 from trainer.models import build_model
@@ -78,17 +79,20 @@ class Trainer:
 
         # The objective validates its settings against the data before DeepSpeed starts.
         self.skip_nonfinite = config.optim.on_nonfinite == "skip_step"
+        self.views = ViewLayout.of_training(loader_config.augment)  # the loader's, fixed for the job
         context = ObjectiveContext(
             dims=dims, num_instances=manifest.num_instances, feature_dim=config.model.feature_dim, seed=config.seed,
             optim=OptimSettings(momentum=config.optim.momentum, weight_decay=config.optim.weight_decay,
                                 skips_nonfinite_steps=self.skip_nonfinite),
+            views=self.views,
         )
         self.objective = build_objective(config.objective, context)
 
         reseed(config.seed, 0, 0)  # the same initial backbone on every rank
         model = build_model(config.model)
         # Scored next to the trained network: does training beat the architecture alone?
-        self.frozen_scores = FrozenFeatureScores(config, dims, copy.deepcopy(model)) if config.data.eval_shards else None
+        self.evaluation = TrainingEvaluation(config, dims, model, self.log, self.metrics,
+                                             self._say) if config.data.eval_shards else None
         ds_config = load_deepspeed_config(config.deepspeed_config, loader_config.batch_size)
         self.engine, self.backbone_optimizer = initialize_backbone(
             model, ds_config, peak_lr, config.optim.momentum, config.optim.weight_decay
@@ -119,7 +123,8 @@ class Trainer:
         self.metrics.epochs_planned.set(config.optim.epochs)
         self.stop_signal = StopSignal(dims.control_group)
         self.nonfinite = NonFiniteWatch(dims.device)
-        self.skipped_in_a_row = 0
+        self.skipper = StepSkipper(self.engine.module, self.objective, config.optim.max_skipped_in_a_row, self.metrics,
+                                   self.log, self._say)
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -275,17 +280,14 @@ class Trainer:
 
     def _forward_views(self, batch) -> list[View]:
         """Head features of every view; views of one size share a forward pass (multi-crop)."""
-        by_size: dict[int, list[int]] = {}
-        for index, view in enumerate(batch.views):
-            by_size.setdefault(view.shape[-1], []).append(index)
-        features: list[torch.Tensor | None] = [None] * len(batch.views)
-        for indices in by_size.values():
+        features: list[torch.Tensor | None] = [None] * self.views.num_views
+        for indices in self.views.forward_groups():
             outputs = self.engine(torch.cat([batch.views[i] for i in indices]).to(self.dtype))
             if armed("train.nan_features", self.state.global_step + 1):  # the drills' bad batch
                 outputs = outputs * float("nan")
             for index, output in zip(indices, outputs.chunk(len(indices))):
                 features[index] = output
-        return [View(features=f, kind=kind, index=i) for i, (f, kind) in enumerate(zip(features, batch.view_kinds))]
+        return [View(features=f, kind=kind, index=i) for i, (f, kind) in enumerate(zip(features, self.views.kinds))]
 
     def _step(self, batch, validate: bool) -> tuple[torch.Tensor, bool | None]:
         """One step; returns its loss and, under ``skip_step``, the SIGTERM agreement it already
@@ -295,21 +297,19 @@ class Trainer:
         for optimizer in (self.backbone_optimizer, *optimizers):
             set_lr(optimizer, lr)
         self.metrics.lr.set(lr)
-        sampler, epoch = self.train_loader.sampler, self.state.epoch
-        buffers = self._buffers_before_forward() if self.skip_nonfinite else None
+        buffers = self.skipper.before_forward() if self.skip_nonfinite else None
         step = StepViews(views=self._forward_views(batch), instance_ids=batch.instance_ids, valid=batch.valid,
-                         global_valid=batch.global_valid, epoch=epoch, step=self.state.global_step,
-                         validate=validate, global_batch=sampler.step(epoch, batch.step),
-                         next_global_batch=self._next_global_batch(epoch, batch.step))
+                         global_valid=batch.global_valid, epoch=self.state.epoch, step=self.state.global_step,
+                         validate=validate, global_batch=batch.plan, next_global_batch=batch.next_plan)
         out = self.objective.loss(step)
         loss = out.loss
         stop_agreed = None
         if self.skip_nonfinite:
             stop_agreed, nonfinite = self.stop_signal.agree(loss)
             if nonfinite:
-                self._skip_step(buffers)
+                self.skipper.skip(buffers, self.state.global_step + 1, self.last_checkpoint)
                 return loss.detach(), stop_agreed
-            self.skipped_in_a_row = 0
+            self.skipper.kept()
         self.engine.backward(loss)
         fail_point("train.after_backward", self.state.global_step + 1)  # the fault drills' node loss mid-step
         self.engine.step()
@@ -319,37 +319,6 @@ class Trainer:
             optimizer.zero_grad(set_to_none=True)
         self.nonfinite.observe(loss)
         return (loss if out.reported is None else out.reported).detach(), stop_agreed
-
-    def _buffers_before_forward(self) -> list[torch.Tensor]:
-        """BatchNorm's running statistics change in the forward: a copy (kilobytes) to put back
-        if the step is dropped, since one NaN batch would make them NaN for good."""
-        return [buffer.clone() for buffer in self.engine.module.buffers()]
-
-    def _skip_step(self, buffers: list[torch.Tensor]) -> None:
-        """Drop this step on every rank: nothing was backpropagated or stepped; the forward's
-        changes are undone.  Too many in a row stop the run as ``on_nonfinite: stop`` would."""
-        with torch.no_grad():
-            for buffer, before in zip(self.engine.module.buffers(), buffers):
-                buffer.copy_(before)
-        self.objective.skip_step()
-        self.skipped_in_a_row += 1
-        step = self.state.global_step + 1
-        self.metrics.nonfinite_skipped.inc()
-        self.log.write(event="nonfinite_step_skipped", step=step, in_a_row=self.skipped_in_a_row)
-        self._say(f"step {step}: a rank's loss was NaN or inf; the step was skipped on every rank "
-                  f"({self.skipped_in_a_row} in a row)")
-        if self.skipped_in_a_row >= self.config.optim.max_skipped_in_a_row:
-            raise NonFiniteLossError(
-                f"{self.skipped_in_a_row} steps in a row up to step {step} had a NaN or inf loss "
-                f"(optim.max_skipped_in_a_row={self.config.optim.max_skipped_in_a_row}): the model, not a batch, has "
-                f"gone bad. {what_to_do_after_nonfinite(self.last_checkpoint)}")
-
-    def _next_global_batch(self, epoch: int, step_in_epoch: int):
-        """The sampler's next step after ``(epoch, step_in_epoch)``, or None at the end of the run."""
-        if self.config.max_steps is not None and self.state.global_step + 1 >= self.config.max_steps:
-            return None
-        epoch, step_in_epoch = (epoch, step_in_epoch + 1) if step_in_epoch + 1 < self.steps_per_epoch else (epoch + 1, 0)
-        return self.train_loader.sampler.step(epoch, step_in_epoch) if epoch < self.config.optim.epochs else None
 
     def _log_step(self, loss: torch.Tensor, images_per_second: float, data_wait: float) -> None:
         self.nonfinite.check(self.dims.control_group, self.state.global_step, str(self.last_checkpoint or ""))
@@ -370,26 +339,9 @@ class Trainer:
     def evaluate(self, final: bool) -> dict | None:
         """Collective: kNN accuracy of the network as trained so far and of its random init (plus,
         ``final`` with ``eval.linear_at_end``, the linear probe).  Logged and exported."""
-        if self.frozen_scores is None:
+        if self.evaluation is None:
             return None
-        trained = plain_model_from_engine(self.engine, build_model(self.config.model))
-        results = self.frozen_scores.score(trained, linear=final and self.config.eval.linear_at_end)
-        self.engine.train()
-        self.log.write(event="eval", epoch=self.state.epoch, step=self.state.global_step, final=final, **results)
-        for network in ("trained", "random_init"):
-            self.metrics.eval_knn.labels(self.metrics.rank, network).set(results[f"knn_{network}"])
-        ev = self.config.eval
-        if self.dims.rank == 0:
-            linear = (f"; linear probe trained {100 * results['linear_trained']:.2f}%  random init "
-                      f"{100 * results['linear_random_init']:.2f}%" if "linear_trained" in results else "")
-            message = (f"kNN accuracy (k={ev.knn_k}, cosine, held-out split) after epoch {self.state.epoch}: trained "
-                       f"{100 * results['knn_trained']:.2f}%  random init {100 * results['knn_random_init']:.2f}%"
-                       f"{linear} ({results['seconds']:.1f} s)")
-            if final:
-                print(message)  # the run's result: on stdout, not only in the log
-            else:
-                self._say(message)
-        return results
+        return self.evaluation.run(self.engine, self.state.epoch, self.state.global_step, final)
 
     def _log_run_summary(self) -> None:
         """What the run cost on this rank: throughput and peak memory (CUDA allocator or CPU RSS)."""

@@ -49,7 +49,10 @@ from typing import Callable, Iterable
 import torch
 import torch.distributed as dist
 
+from data_pipeline.augment import AugmentConfig
 from data_pipeline.sampler import StepIndices
+from data_pipeline.view_layout import ViewLayout
+from trainer.checks import raise_first_invalid  # noqa: F401 (objectives check their configs with it)
 from trainer.parallel import ParallelDims
 
 @dataclass(frozen=True)
@@ -61,14 +64,6 @@ class ObjectiveConfig:
     """
 
     name: str
-
-
-def raise_first_invalid(config, checks: list[tuple[bool, str, str]]) -> None:
-    """``checks``: ``(ok, field, fix)``; the first failing one raises ``field=value is invalid: fix``
-    (the job config adds the ``objective.`` prefix)."""
-    for ok, name, fix in checks:
-        if not ok:
-            raise ValueError(f"{name}={getattr(config, name)!r} is invalid: {fix}")
 
 
 @dataclass(frozen=True)
@@ -90,6 +85,8 @@ class ObjectiveContext:
         feature_dim: D, width of the head's output.
         seed: the job seed (initial weights depend only on it, never on the layout).
         optim: momentum and weight decay of the job's SGD.
+        views: the layout of every step's views, fixed for the job (default: the default
+            augmentation's two global views).
     """
 
     dims: ParallelDims
@@ -97,6 +94,7 @@ class ObjectiveContext:
     feature_dim: int
     seed: int
     optim: OptimSettings
+    views: ViewLayout = ViewLayout.of_training(AugmentConfig())
 
 
 @dataclass
@@ -116,8 +114,9 @@ class StepViews:
     nothing to the loss or to any update.  ``global_valid`` counts valid samples over all ranks
     (from the sampler, so known without communication).  ``validate`` marks log steps, where
     checking inputs (a host sync) is allowed.  ``global_batch`` is what the sampler gives every
-    rank this step (host arrays, no communication); ``next_global_batch`` the next step's, so an
-    objective can prefetch (None when no step follows, or when the caller does not know)."""
+    rank this step (host arrays, no communication; the loader's ``Batch.plan``);
+    ``next_global_batch`` the next step's in the sampler's sequence, so an objective can prefetch
+    (None when the caller does not know).  Features are laid out as ``ObjectiveContext.views``."""
 
     views: list[View]
     instance_ids: torch.Tensor  # [b] int64
@@ -173,6 +172,14 @@ class Objective:
 
     def loss(self, step: StepViews) -> LossOut:
         raise NotImplementedError
+
+    def stacked_features(self, step: StepViews) -> torch.Tensor:
+        """The step's ``[views * b, D]`` features, view after view, as ``context.views`` lays them out."""
+        layout = self.context.views
+        if [view.kind for view in step.views] != list(layout.kinds):
+            raise ValueError(f"the step's views are {[view.kind for view in step.views]}, the job's layout "
+                             f"{list(layout.kinds)}: build the ObjectiveContext with the loader's view_layout")
+        return torch.cat([view.features for view in step.views])
 
     def after_backward(self) -> None:
         """After the backward, before the optimizers step (gradient averaging, corrections)."""

@@ -25,75 +25,38 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
-from trainer.classifier.config import MODES, co2_checks
+from trainer.classifier.config import ClassifierSettings
 from trainer.classifier.hard_negatives import HardNegativeIndex, search_hard_negatives
-from trainer.classifier.kernel import MAX_ABS_LOGIT
-from trainer.classifier.losses import SmoothingForm
-from trainer.objectives.base import (
-    LossOut, Objective, ObjectiveConfig, ObjectiveContext, ShardedRows, StepViews, raise_first_invalid,
-)
+from trainer.objectives.base import LossOut, Objective, ObjectiveConfig, ObjectiveContext, ShardedRows, StepViews
 from trainer.parallel.collectives import gather_rows
 
 @dataclass(frozen=True)
-class InstanceConfig(ObjectiveConfig):
-    """Attributes:
+class InstanceConfig(ObjectiveConfig, ClassifierSettings):
+    """The classifier's fields are ``ClassifierSettings``' (temperature, chunk_size, mode,
+    smoothing_alpha, top_k, smoothing_form, init_std, co2_alpha, co2_temperature,
+    logits_cache_bytes), with the paper's smoothing on by default.  Attributes of the method:
     name: "instance".
-    mode: "dhp" shards W by class range over the classifier group (the method); "ddp" replicates
-        it on every rank and all-reduces its N x D gradient (the baseline it beats).
-    temperature: tau of the cosine softmax (paper: 0.15).
-    chunk_size: classes scored at once; activation memory is O(batch * chunk_size).
     contrastive_prior: initialise W from one no-grad pass of the random network (BatchNorm in
         train mode); false: Gaussian rows of std ``init_std``.
-    init_std: std of the Gaussian initial rows.
-    smoothing_alpha: alpha of the top-K hardest label smoothing; 0 turns it (and its search) off.
-    top_k: K hard negatives per instance (paper: 100); at most N - 1.
     smoothing_start_epoch: first epoch that uses smoothing (its search runs at that epoch's start).
-    smoothing_form: "paper" (Eq. 3, weights inside the log) or "soft_target" (-sum y log p).
-    co2_alpha: weight of CO2's consistency term between the two global views' similarity
-        distributions over the other rows (``trainer.classifier.consistency``); 0 is off (the
-        paper's method), CO2's MoCo v2 setting is 0.3.
-    co2_temperature: tau_con of that term (CO2's MoCo v2 setting: 0.05).
     update_in_backward: apply W's SGD chunk by chunk inside the backward, so W's gradient never
         exists in full (W + momentum instead of W + gradient + momentum; what ``instcls plan
         --update-in-backward`` predicts).  DHP with a single classifier group only.
-    logits_cache_bytes: keep the forward's chunk logits for the backward when they fit in this
-        many bytes per rank (one matmul fewer per step); 0 recomputes them.
     """
 
     name: str = "instance"
-    mode: str = "dhp"
-    temperature: float = 0.15
-    chunk_size: int = 65536
-    contrastive_prior: bool = True
-    init_std: float = 0.01
     smoothing_alpha: float = 0.2
-    top_k: int = 100
+    contrastive_prior: bool = True
     smoothing_start_epoch: int = 0
-    smoothing_form: str = "paper"
-    co2_alpha: float = 0.0
-    co2_temperature: float = 0.05
     update_in_backward: bool = False
-    logits_cache_bytes: int = 0
 
-    def __post_init__(self) -> None:
-        forms = tuple(form.value for form in SmoothingForm)
-        checks = [
-            (self.mode in MODES, "mode", f"choose one of {MODES}"),
-            (self.temperature >= 1 / MAX_ABS_LOGIT, "temperature",
-             f"use a temperature >= {1 / MAX_ABS_LOGIT} (paper: 0.15); the kernel exponentiates cosine logits "
-             "up to 1/temperature without a running max"),
-            (self.chunk_size >= 1, "chunk_size", "use a positive number of classes per chunk (e.g. 65536)"),
-            (self.init_std > 0, "init_std", "use a positive standard deviation (e.g. 0.01)"),
-            (0 <= self.smoothing_alpha < 1, "smoothing_alpha", "use 0 <= alpha < 1 (paper: 0.2)"),
-            (self.top_k >= 1, "top_k", "use K >= 1 hard negatives per instance (paper: 100)"),
+    def checks(self) -> list[tuple[bool, str, str]]:
+        return [
+            *super().checks(),
             (self.smoothing_start_epoch >= 0, "smoothing_start_epoch", "use an epoch >= 0"),
-            (self.smoothing_form in forms, "smoothing_form", f"choose one of {forms}"),
             (not self.update_in_backward or self.mode == "dhp", "update_in_backward",
              "the in-backward update needs mode 'dhp' (DDP must all-reduce W's gradient before updating)"),
-            (self.logits_cache_bytes >= 0, "logits_cache_bytes", "use 0 (recompute) or a byte budget"),
-            *co2_checks(self),
         ]
-        raise_first_invalid(self, checks)
 
 
 class InstanceObjective(Objective):
@@ -101,20 +64,11 @@ class InstanceObjective(Objective):
 
     def __init__(self, config: InstanceConfig, context: ObjectiveContext) -> None:
         super().__init__(config, context)
-        dims, n = context.dims, context.num_instances
-        if config.smoothing_alpha > 0 and config.top_k > n - 1:
-            raise ValueError(f"top_k={config.top_k} is invalid: an instance has only {n - 1} other classes "
-                             "in this data set; lower it or set smoothing_alpha: 0")
-        self.classifier = ShardedCosineClassifier(
-            ClassifierConfig(
-                num_classes=n, feature_dim=context.feature_dim, temperature=config.temperature,
-                chunk_size=config.chunk_size, mode=config.mode, smoothing_alpha=config.smoothing_alpha,
-                smoothing_top_k=config.top_k, smoothing_form=config.smoothing_form, init_std=config.init_std,
-                init_seed=context.seed, logits_cache_bytes=config.logits_cache_bytes, validate_inputs=False,
-                co2_alpha=config.co2_alpha, co2_temperature=config.co2_temperature,
-            ),
-            dims,
-        )
+        classifier_config = ClassifierConfig.of(config, num_classes=context.num_instances,
+                                                feature_dim=context.feature_dim, init_seed=context.seed,
+                                                validate_inputs=False)
+        self.classifier = ShardedCosineClassifier(classifier_config, context.dims, context.views,
+                                                  config.term(context.views))
         optim = context.optim
         if config.update_in_backward and optim.skips_nonfinite_steps:
             raise ValueError("objective.update_in_backward=true is invalid with optim.on_nonfinite: skip_step: the "
@@ -154,13 +108,13 @@ class InstanceObjective(Objective):
             self._search_seconds = time.perf_counter() - start
 
     def loss(self, step: StepViews) -> LossOut:
-        views = step.views
-        features = torch.cat([view.features for view in views])
+        layout = self.context.views
+        features = self.stacked_features(step)
         hard = self.hard_negatives if self._smoothing_active(step.epoch) else None
         loss = self.classifier(
-            features, step.instance_ids.repeat(len(views)), hard, valid=step.valid.repeat(len(views)),
-            global_valid=None if step.global_valid is None else step.global_valid * len(views),
-            validate=step.validate, view_kinds=[view.kind for view in views],
+            features, layout.per_view(step.instance_ids), hard, valid=layout.per_view(step.valid),
+            global_valid=None if step.global_valid is None else step.global_valid * layout.num_views,
+            validate=step.validate,
         )
         return LossOut(loss)
 

@@ -24,36 +24,29 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from data_pipeline.sampler import StepIndices
-from trainer.classifier.config import co2_checks
-from trainer.classifier.consistency import settings_for_views, weighted_sum
-from trainer.classifier.kernel import (
-    MAX_ABS_LOGIT, KernelSettings, sharded_cosine_ce, sharded_cosine_ce_with_consistency,
-)
+from trainer.classifier.config import HeadSettings
+from trainer.classifier.head import CosineHead
 from trainer.classifier.lazy_sgd import LazyRowSGD
-from trainer.classifier.losses import sum_over_valid
 from trainer.classifier.module import gaussian_rows
 from trainer.classifier.recent_ids import RecentIds
 from trainer.classifier.row_store import STORE_KINDS, make_row_store
 from trainer.classifier.sharding import ClassShard
 from trainer.classifier.working_set import WorkingSet
-from trainer.objectives.base import (
-    LossOut, Objective, ObjectiveConfig, ObjectiveContext, ShardedRows, StepViews, raise_first_invalid,
-)
-from trainer.parallel.collectives import CommTimer, all_gather_rows_with_grad, all_reduce_, scale_grad
+from trainer.objectives.base import LossOut, Objective, ObjectiveConfig, ObjectiveContext, ShardedRows, StepViews
+from trainer.parallel.collectives import CommTimer, all_reduce_
 
 NEGATIVES = ("recent", "all")
 ROW_DTYPES = ("float32", "float64")
 
 
 @dataclass(frozen=True)
-class PicConfig(ObjectiveConfig):
-    """Attributes:
+class PicConfig(ObjectiveConfig, HeadSettings):
+    """The head's fields are ``HeadSettings``' (temperature, paper: 0.2; chunk_size: sampled rows
+    scored at once; init_std; co2_alpha and co2_temperature: CO2's term over the sampled rows).
+    Attributes of the method:
     name: "pic".
-    temperature: tau of the cosine softmax (paper: 0.2).
-    chunk_size: sampled rows scored at once; activation memory is O(batch * chunk_size).
     negatives: "recent" (the batch plus the ``queue_size`` most recent ids) or "all" (every row
         each step: the full softmax, O(N) per step, for ablations).
     queue_size: K, recent ids kept as negatives (paper: 65536).
@@ -62,42 +55,29 @@ class PicConfig(ObjectiveConfig):
     row_store_dir: local directory of a disk store (one sub-directory per rank).
     row_dtype: "float32", or "float64" for rows that accumulate no rounding over very long runs
         (twice the store).
-    init_std: std of the Gaussian initial rows (the same rows under any sharding).
     prefetch: fetch the next step's rows in the background while the current step finishes
         (a thread; a side stream on GPUs).
-    co2_alpha: weight of CO2's consistency term over the sampled rows (see ``instance``); 0 is off.
-    co2_temperature: tau_con of that term (CO2's MoCo v2 setting: 0.05).
     """
 
     name: str = "pic"
     temperature: float = 0.2
-    chunk_size: int = 65536
     negatives: str = "recent"
     queue_size: int = 65536
     row_store: str = "device"
     row_store_dir: str | None = None
     row_dtype: str = "float32"
-    init_std: float = 0.01
     prefetch: bool = True
-    co2_alpha: float = 0.0
-    co2_temperature: float = 0.05
 
-    def __post_init__(self) -> None:
-        checks = [
-            (self.temperature >= 1 / MAX_ABS_LOGIT, "temperature",
-             f"use a temperature >= {1 / MAX_ABS_LOGIT} (paper: 0.2); the kernel exponentiates cosine logits "
-             "up to 1/temperature without a running max"),
-            (self.chunk_size >= 1, "chunk_size", "use a positive number of rows per chunk (e.g. 65536)"),
+    def checks(self) -> list[tuple[bool, str, str]]:
+        return [
+            *super().checks(),
             (self.negatives in NEGATIVES, "negatives", f"choose one of {NEGATIVES}"),
             (self.queue_size >= 0, "queue_size", "use K >= 0 recent ids (paper: 65536)"),
             (self.row_store in STORE_KINDS, "row_store", f"choose one of {STORE_KINDS}"),
             (self.row_store != "disk" or bool(self.row_store_dir), "row_store_dir",
              "a disk row store needs a directory on a local disk (e.g. /scratch/instcls-rows)"),
             (self.row_dtype in ROW_DTYPES, "row_dtype", f"choose one of {ROW_DTYPES}"),
-            (self.init_std > 0, "init_std", "use a positive standard deviation (e.g. 0.01)"),
-            *co2_checks(self),
         ]
-        raise_first_invalid(self, checks)
 
 
 @dataclass
@@ -133,8 +113,10 @@ class PicObjective(Objective):
         self.optimizer.after_step = self._after_step
         self.working = WorkingSet(self.store, self.optimizer)
         self.recent = RecentIds(config.queue_size)
-        self.kernel_settings = KernelSettings(temperature=config.temperature, chunk_size=config.chunk_size)
         self.comm_timer = CommTimer()
+        # Backbone gradients are averaged over all ranks; a rank's features feed the whole group.
+        self.head = CosineHead(config.kernel_settings(), self.group, dims.classifier_parallel_size,
+                               config.term(context.views), self.comm_timer)
         self.next_step = 0  # the next step to run; a checkpoint brings every row to it
         self._next_batch = None  # the sampler's next global batch, for the prefetch
         self._prefetch: _Prefetch | None = None
@@ -220,18 +202,18 @@ class PicObjective(Objective):
     def loss(self, step: StepViews) -> LossOut:
         if step.global_batch is None:
             raise ValueError("the pic objective needs StepViews.global_batch (the sampler's ids of every rank)")
-        dims, views = self.context.dims, len(step.views)
+        dims = self.context.dims
         rows, weight, momentum = self._rows_for(step)
         self._sampled_rows = rows.size
         self._next_batch = step.next_global_batch
         # Only valid ids enter the queue: padding repeats were seen earlier in the epoch.
         self._pushed_ids = step.global_batch.ids[step.global_batch.valid]
 
-        # The classifier group's batch, in all-gather order: rank by rank, each rank's views in turn.
-        size = dims.classifier_parallel_size
+        # The classifier group's batch, in all-gather order.
+        layout, size = self.context.views, dims.classifier_parallel_size
         first = (dims.rank // size) * size
-        group_ids = np.concatenate([np.tile(step.global_batch.ids[r], views) for r in range(first, first + size)])
-        group_valid = np.concatenate([np.tile(step.global_batch.valid[r], views) for r in range(first, first + size)])
+        group_ids = layout.group_columns(step.global_batch.ids, first, size)
+        group_valid = layout.group_columns(step.global_batch.valid, first, size)
         if group_ids.size and (group_ids.min() < 0 or group_ids.max() >= self.shard.num_classes):
             # Host ids from the sampler, the same on every rank: all ranks raise together.
             raise ValueError(f"step {step.step}: the sampler gave instance ids outside [0, {self.shard.num_classes}); "
@@ -240,26 +222,16 @@ class PicObjective(Objective):
         target_cols = np.where(owned, np.searchsorted(rows, group_ids - self.shard.class_start), -1)
         device = dims.device
         target_cols = torch.from_numpy(target_cols[:, None]).to(device, non_blocking=True)
-        valid = torch.from_numpy(group_valid.astype(np.float32)).to(device, non_blocking=True)
+        valid = torch.from_numpy(group_valid).to(device, non_blocking=True)
 
         # For fp32 rows the leaf shares their memory: the update after backward writes them in place.
         leaf = weight.float().detach().requires_grad_(True)
         self.optimizer.set_pending(weight, momentum, leaf, step.step)
-        features = torch.cat([view.features for view in step.views])
-        # Backbone gradients are averaged over all ranks; a rank's features feed the whole group.
-        features = scale_grad(F.normalize(features, dim=1), size)
-        features = all_gather_rows_with_grad(features, self.group, self.comm_timer)
-        ones = torch.ones(features.shape[0], 1, device=device)
+        features = self.stacked_features(step)
+        ones = torch.ones(target_cols.shape[0], 1, device=device)
+        loss_sum = self.head.loss_sum(features, leaf, target_cols, ones, valid)
         replicas = dims.world_size // size
-        scale = replicas / max(int(step.global_batch.valid.sum()) * views, 1)
-        if self.config.co2_alpha == 0:
-            per_sample = sharded_cosine_ce(features, leaf, target_cols, ones, self.kernel_settings, self.group,
-                                           self.comm_timer)
-            return LossOut(sum_over_valid(per_sample, valid) * scale)
-        consistency = settings_for_views(self.config.co2_temperature, [view.kind for view in step.views])
-        per_sample, term = sharded_cosine_ce_with_consistency(features, leaf, target_cols, ones, self.kernel_settings,
-                                                              consistency, self.group, self.comm_timer)
-        return LossOut(weighted_sum(per_sample, term, valid, self.config.co2_alpha, consistency) * scale)
+        return LossOut(loss_sum * (replicas / max(step.global_batch.global_valid * layout.num_views, 1)))
 
     def after_backward(self) -> None:
         leaf = self.optimizer.pending_leaf
