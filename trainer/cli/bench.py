@@ -23,25 +23,29 @@ def register(commands) -> None:
     _add_exporter(benchmarks)
 
 
-def _add_json_option(parser: argparse.ArgumentParser, what: str = "numbers") -> None:
-    parser.add_argument("--json", type=Path, help=f"also write the {what} to this JSON file")
+def _add_bench(benchmarks, name: str, settings_class: type, handler, help: str, description: str | None = None,
+               skip: tuple[str, ...] = (), json_output: bool = True) -> argparse.ArgumentParser:
+    """The parser of `instcls bench NAME`: the settings' options, then ``--json`` when the bench
+    writes its numbers; the caller adds what is not a setting."""
+    parser = benchmarks.add_parser(name, help=help, description=description)
+    add_settings_options(parser, settings_class, skip)
+    if json_output:
+        parser.add_argument("--json", type=Path, help="also write the numbers to this JSON file")
+    parser.set_defaults(handler=handler)
+    return parser
 
 
 def _add_classifier(benchmarks) -> None:
     from trainer.bench.classifier_bench import ClassifierBenchSettings
 
-    parser = benchmarks.add_parser(
-        "classifier",
+    parser = _add_bench(
+        benchmarks, "classifier", ClassifierBenchSettings, _run_classifier,
         help="step time, peak memory and useful GFLOP/s of the DHP classifier vs the DDP baseline",
         description="Spawns --ranks local processes per mode and logits handling (recomputed in the backward, "
         "or kept in the logits cache; gloo on CPU, NCCL on GPUs) and prints the four runs side by side with "
-        "their ratios and a plain matmul of the same shapes.",
-    )
-    add_settings_options(parser, ClassifierBenchSettings)
+        "their ratios and a plain matmul of the same shapes.")
     parser.add_argument("--co2", action="store_true",
                         help="instead: the step-time overhead of CO2's fused consistency term over the plain loss")
-    _add_json_option(parser)
-    parser.set_defaults(handler=_run_classifier)
 
 
 def _run_classifier(args: argparse.Namespace) -> int:
@@ -64,9 +68,8 @@ def _run_classifier(args: argparse.Namespace) -> int:
 def _add_data(benchmarks) -> None:
     from trainer.bench.data_bench import DataBenchSettings
 
-    parser = benchmarks.add_parser("data", help="images/s of the DALI loader vs the PIL + torchvision fallback")
-    add_settings_options(parser, DataBenchSettings)
-    parser.set_defaults(handler=_run_data)
+    _add_bench(benchmarks, "data", DataBenchSettings, _run_data, json_output=False,
+               help="images/s of the DALI loader vs the PIL + torchvision fallback")
 
 
 def _run_data(args: argparse.Namespace) -> int:
@@ -80,19 +83,19 @@ def _run_data(args: argparse.Namespace) -> int:
 def _add_ddp_vs_dhp(benchmarks) -> None:
     from trainer.bench.ddp_vs_dhp import SweepSettings
 
-    parser = benchmarks.add_parser(
-        "ddp-vs-dhp", help="largest N, memory and step time of DDP vs DHP under a per-rank memory cap",
-        description="Sweeps N up to the allocation failure for both modes; writes points.csv, table.md (paper "
-        "Table 1), memory.png (paper Figure 3) and summary.json to --out.")
     # The cache budget is an option in GiB (below); max_classes and warmup were never options and
     # keep their defaults.
-    add_settings_options(parser, SweepSettings, skip=("logits_cache_bytes", "max_classes", "warmup"))
+    parser = _add_bench(
+        benchmarks, "ddp-vs-dhp", SweepSettings, _run_ddp_vs_dhp, json_output=False,
+        skip=("logits_cache_bytes", "max_classes", "warmup"),
+        help="largest N, memory and step time of DDP vs DHP under a per-rank memory cap",
+        description="Sweeps N up to the allocation failure for both modes; writes points.csv, table.md (paper "
+        "Table 1), memory.png (paper Figure 3) and summary.json to --out.")
     parser.add_argument("--logits-cache-gib", type=float, default=SweepSettings().logits_cache_bytes / GIB,
                         help="logits cache budget per rank (GiB; 0 recomputes the logits in the backward)")
     parser.add_argument("--classes", type=int, nargs="+", help="measure only these N (no sweep)")
     parser.add_argument("--out", type=Path, default=Path("out/ddp-vs-dhp"),
                         help="where the tables, plot and summary go (default %(default)s)")
-    parser.set_defaults(handler=_run_ddp_vs_dhp)
 
 
 def _run_ddp_vs_dhp(args: argparse.Namespace) -> int:
@@ -108,13 +111,11 @@ def _run_ddp_vs_dhp(args: argparse.Namespace) -> int:
 def _add_pic(benchmarks) -> None:
     from trainer.bench.pic_bench import PicBenchSettings
 
-    parser = benchmarks.add_parser(
-        "pic", help="PIC's step time and memory vs N (rows in a row store) next to the full-softmax DHP",
+    _add_bench(
+        benchmarks, "pic", PicBenchSettings, _run_pic,
+        help="PIC's step time and memory vs N (rows in a row store) next to the full-softmax DHP",
         description="Runs the pic objective with recent-negative sampling and its rows in a store for each N, and "
         "the full-softmax DHP classifier at the same N under a memory cap, each in a fresh process.")
-    add_settings_options(parser, PicBenchSettings)
-    _add_json_option(parser)
-    parser.set_defaults(handler=_run_pic)
 
 
 def _run_pic(args: argparse.Namespace) -> int:
@@ -130,11 +131,8 @@ def _run_pic(args: argparse.Namespace) -> int:
 def _add_exporter(benchmarks) -> None:
     from trainer.bench.exporter_bench import ExporterBenchSettings
 
-    parser = benchmarks.add_parser(
-        "exporter", help="step throughput with and without many concurrent /metrics scrapes (loopback)")
-    add_settings_options(parser, ExporterBenchSettings)
-    _add_json_option(parser)
-    parser.set_defaults(handler=_run_exporter)
+    _add_bench(benchmarks, "exporter", ExporterBenchSettings, _run_exporter,
+               help="step throughput with and without many concurrent /metrics scrapes (loopback)")
 
 
 def _run_exporter(args: argparse.Namespace) -> int:
