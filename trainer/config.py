@@ -9,23 +9,18 @@ suggestion), so a typo never silently falls back to a default.
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import ipaddress
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from data_pipeline.config import LoaderConfig
+from trainer.config_building import ConfigError, apply_overrides, build_dataclass
 from trainer.models import ModelConfig
-from trainer.objectives import InstanceConfig, ObjectiveConfig, objective_config_class
+from trainer.objectives import ObjectiveConfig, default_objective_config
 
-
-class ConfigError(ValueError):
-    """A job config value is wrong; the message names the field and how to fix it."""
+__all__ = ["ConfigError", "JobConfig", "apply_overrides", "load_job_config"]
 
 
 @dataclass(frozen=True)
@@ -194,7 +189,7 @@ class JobConfig:
 
     data: DataSection
     model: ModelConfig = field(default_factory=ModelConfig)
-    objective: ObjectiveConfig = field(default_factory=InstanceConfig)
+    objective: ObjectiveConfig = field(default_factory=default_objective_config)
     parallel: ParallelSection = field(default_factory=ParallelSection)
     optim: OptimSection = field(default_factory=OptimSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
@@ -203,107 +198,6 @@ class JobConfig:
     deepspeed_config: Path = Path("ds_configs/zero0.json")
     seed: int = 0
     max_steps: int | None = None
-
-
-def _build(cls, data, where: str):
-    """Recursively turn plain YAML data into the dataclass ``cls``."""
-    hint = cls
-    if hint is ObjectiveConfig:  # the section's class is chosen by its ``name``
-        name = data.get("name", "instance") if isinstance(data, dict) else None
-        try:
-            hint = objective_config_class(name)
-        except ValueError as error:
-            raise ConfigError(_join(where, str(error))) from error
-    if dataclasses.is_dataclass(hint):
-        if not isinstance(data, dict):
-            raise ConfigError(f"{where or 'config'} must be a mapping of fields, got {data!r}")
-        fields = {f.name: f for f in dataclasses.fields(hint)}
-        hints = typing.get_type_hints(hint)
-        for key in data:
-            if key not in fields:
-                close = difflib.get_close_matches(key, fields, n=1)
-                suggestion = f"; did you mean {_join(where, close[0])}?" if close else f"; known: {sorted(fields)}"
-                raise ConfigError(f"unknown field {_join(where, key)}{suggestion}")
-        kwargs = {key: _build(hints[key], value, _join(where, key)) for key, value in data.items()}
-        missing = [n for n, f in fields.items() if n not in kwargs and f.default is dataclasses.MISSING
-                   and f.default_factory is dataclasses.MISSING]
-        if missing:
-            raise ConfigError(f"missing required field(s) {', '.join(_join(where, m) for m in missing)}")
-        try:
-            return hint(**kwargs)
-        except ConfigError:
-            raise
-        except (ValueError, TypeError) as error:  # a section's own check: its message starts with the field
-            raise ConfigError(_join(where, str(error))) from error
-    return _coerce(hint, data, where)
-
-
-def _coerce(hint, value, where: str):
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(hint)
-        if value is None and type(None) in options:
-            return None
-        for option in options:
-            if option is type(None):
-                continue
-            try:
-                return _coerce(option, value, where)
-            except ConfigError:
-                continue
-        raise ConfigError(f"{where}={value!r} is invalid: expected {hint}")
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)) or len(value) != len(typing.get_args(hint)):
-            raise ConfigError(f"{where}={value!r} is invalid: expected a list of {len(typing.get_args(hint))} numbers")
-        return tuple(_coerce(t, v, f"{where}[{i}]") for i, (t, v) in enumerate(zip(typing.get_args(hint), value)))
-    if dataclasses.is_dataclass(hint):
-        return _build(hint, value, where)
-    if hint is Path:
-        if not isinstance(value, (str, Path)):
-            raise ConfigError(f"{where}={value!r} is invalid: expected a path")
-        return Path(value)
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}={value!r} is invalid: expected true or false")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}={value!r} is invalid: expected an integer")
-        return value
-    if hint is float:
-        if isinstance(value, str):  # PyYAML reads "1e-4" (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}={value!r} is invalid: expected a number")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}={value!r} is invalid: expected a string")
-        return value
-    return value
-
-
-def _join(where: str, key: str) -> str:
-    return f"{where}.{key}" if where else key
-
-
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """``["optim.epochs=3", "data.loader.backend=torch"]`` -> nested updates (values parsed as YAML)."""
-    for override in overrides:
-        key, sep, raw = override.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set {override!r} is invalid: use --set section.field=value")
-        node = data
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"--set {override!r}: {part} is not a section")
-        node[parts[-1]] = yaml.safe_load(raw)
-    return data
 
 
 def load_job_config(path: Path | str, overrides: list[str] | None = None) -> JobConfig:
@@ -316,6 +210,6 @@ def load_job_config(path: Path | str, overrides: list[str] | None = None) -> Job
         raise ConfigError(f"{path} is not valid YAML: {error}") from error
     data = apply_overrides(data, overrides or [])
     try:
-        return _build(JobConfig, data, "")
+        return build_dataclass(JobConfig, data, "")
     except ConfigError as error:
         raise ConfigError(f"{path}: {error}") from error

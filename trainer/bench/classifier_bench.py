@@ -25,7 +25,7 @@ from statistics import fmean
 import torch
 import torch.distributed as dist
 
-from trainer.bench.step_runner import StepSpec, run_steps, synchronize
+from trainer.bench.step_runner import FLOAT_DTYPES, FloatDtype, StepSpec, run_steps, synchronize
 from trainer.classifier.config import MODES
 from trainer.observability.memory import peak_since, reset_peak
 from trainer.parallel import init_distributed
@@ -44,21 +44,32 @@ def default_chunk_size() -> int:
 
 @dataclass(frozen=True)
 class ClassifierBenchSettings:
+    """Attributes:
+    num_classes: N, the classifier's rows.
+    batch: global batch B (B / T per rank).
+    dim: feature dim D.
+    ranks: T processes.
+    chunk_size: classes per chunk (default: 2048 on CPU, 65536 on GPUs).
+    steps: timed steps.
+    warmup: untimed steps before them.
+    dtype: element type of the features, W and the logits.
+    """
+
     num_classes: int = 1_000_000
-    batch: int = 256  # global batch B (B / T per rank)
+    batch: int = 256
     dim: int = 128
     ranks: int = 2
     chunk_size: int = field(default_factory=default_chunk_size)
     steps: int = 5
     warmup: int = 1
-    dtype: str = "float32"
+    dtype: FloatDtype = "float32"
 
     def __post_init__(self) -> None:
         if self.batch % self.ranks:
             raise ValueError(f"--batch {self.batch} must be divisible by --ranks {self.ranks} (equal local batches)")
         if self.steps < 1 or self.warmup < 0:
             raise ValueError("--steps must be >= 1 and --warmup >= 0")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
+        if self.dtype not in FLOAT_DTYPES:
             raise ValueError(f"--dtype {self.dtype!r}: choose float32, bfloat16 or float16")
         if torch.cuda.is_available() and torch.cuda.device_count() < self.ranks:
             raise ValueError(f"--ranks {self.ranks} needs that many GPUs; this machine has {torch.cuda.device_count()}")

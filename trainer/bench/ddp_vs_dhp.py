@@ -15,9 +15,10 @@ import json
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 from trainer.bench.memory_cap import apply_memory_cap, is_out_of_memory
-from trainer.bench.step_runner import StepSpec, run_steps
+from trainer.bench.step_runner import FloatDtype, StepSpec, run_steps
 from trainer.observability.memory import peak_since, reset_peak
 from trainer.parallel import init_distributed
 from trainer.parallel.launch import spawn_local_workers
@@ -27,21 +28,40 @@ GIB = 2**30
 
 @dataclass(frozen=True)
 class SweepSettings:
+    """Attributes:
+    ranks: T processes.
+    batch: global batch.
+    dim: feature dim D.
+    chunk_size: classes per chunk.
+    logits_cache_bytes: logits cache budget per rank (0 recomputes the logits in the backward).
+    cap_gib: memory cap per rank (GiB).
+    start_classes: the sweep's first N.
+    growth: factor from one N to the next until an allocation fails.
+    refine_steps: bisection steps between the last fit and the first failure.
+    max_classes: the sweep stops here if nothing failed.
+    steps: timed steps per point.
+    warmup: untimed steps per point.
+    dtype: element type of the features, W and the logits.
+    update_in_backward: DHP applies SGD inside the backward (W's gradient never materialised).
+    backbone: add a real backbone's forward and backward on random images.
+    image_size: side of the backbone's random images.
+    """
+
     ranks: int = 2
-    batch: int = 256  # global
+    batch: int = 256
     dim: int = 128
     chunk_size: int = 65536
-    logits_cache_bytes: int = 0  # per rank; 0 recomputes the logits in the backward
-    cap_gib: float = 2.0  # per rank
+    logits_cache_bytes: int = 0
+    cap_gib: float = 2.0
     start_classes: int = 100_000
     growth: float = 2.0
-    refine_steps: int = 4  # bisection steps between the last fit and the first failure
+    refine_steps: int = 4
     max_classes: int = 2_000_000_000
     steps: int = 1
     warmup: int = 1
-    dtype: str = "float32"
-    update_in_backward: bool = False  # DHP's in-backward SGD (W's gradient never materialised)
-    backbone: str | None = None
+    dtype: FloatDtype = "float32"
+    update_in_backward: bool = False
+    backbone: Literal["resnet18", "resnet50"] | None = None
     image_size: int = 64
 
     def spec(self, mode: str, num_classes: int) -> StepSpec:

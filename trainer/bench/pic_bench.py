@@ -28,6 +28,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -40,16 +41,30 @@ IMAGENET_1K, IMAGENET_21K = 1_281_167, 14_197_087
 
 @dataclass(frozen=True)
 class PicBenchSettings:
+    """Attributes:
+    sizes: comma-separated N; 'max' = the largest N whose store fits on the disk.
+    batch: images per step, 2 views each.
+    queue: K recent ids scored besides the batch.
+    dim: feature dim D.
+    chunk_size: classes per chunk of the full-softmax classifier and of the rows PIC scores.
+    steps: timed steps per N.
+    warmup: untimed steps per N.
+    store: where PIC's rows (W and its momentum) live.
+    store_dir: where a disk store goes (default: a temporary directory).
+    cap_gib: full-softmax memory cap in GiB (the paper's 16 GB GPU).
+    full_max_classes: time full-softmax steps up to this N only (a step is O(N)).
+    """
+
     sizes: tuple[str, ...] = (str(IMAGENET_1K), str(IMAGENET_21K), "max")
-    batch: int = 256  # images per step (two views each)
-    queue: int = 65536  # K
+    batch: int = 256
+    queue: int = 65536
     dim: int = 128
     chunk_size: int = 65536
     steps: int = 10
     warmup: int = 2
-    store: str = "disk"
-    store_dir: str | None = None  # default: a temporary directory
-    cap_gib: float = 16.0  # full softmax: the paper's 16 GB GPU
+    store: Literal["device", "host", "disk"] = "disk"
+    store_dir: str | None = None
+    cap_gib: float = 16.0
     full_max_classes: int = 2_000_000
 
     def row_bytes(self) -> int:

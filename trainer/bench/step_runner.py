@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from statistics import fmean
-from typing import Callable
+from typing import Callable, Literal, get_args
 
 import torch
 import torch.distributed as dist
@@ -19,6 +19,10 @@ import torch.distributed as dist
 from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
 from trainer.models import ModelConfig, build_model
 from trainer.parallel import ParallelDims
+
+
+FloatDtype = Literal["float32", "bfloat16", "float16"]  # what torch runs a step in on CPUs and GPUs alike
+FLOAT_DTYPES: tuple[str, ...] = get_args(FloatDtype)
 
 
 @dataclass(frozen=True)

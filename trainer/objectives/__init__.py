@@ -12,8 +12,17 @@ register_objective("instance", InstanceConfig, InstanceObjective)
 register_objective("pic", PicConfig, PicObjective)
 register_objective("swav", SwavConfig, SwavObjective)
 
+DEFAULT_OBJECTIVE = "instance"  # what a job config without ``objective.name`` trains: the paper's method
+
+
+def default_objective_config() -> ObjectiveConfig:
+    """The objective section of a job config that leaves ``objective`` out."""
+    return objective_config_class(DEFAULT_OBJECTIVE)()
+
+
 __all__ = [
-    "OBJECTIVES", "InstanceConfig", "InstanceObjective", "LossOut", "Objective", "ObjectiveConfig",
+    "DEFAULT_OBJECTIVE", "OBJECTIVES", "default_objective_config",
+    "InstanceConfig", "InstanceObjective", "LossOut", "Objective", "ObjectiveConfig",
     "ObjectiveContext", "OptimSettings", "PicConfig", "PicObjective", "SwavConfig", "SwavObjective", "ShardedRows", "StepViews", "View", "average_gradients",
     "build_objective", "objective_config_class", "objective_parameters", "register_objective",
 ]

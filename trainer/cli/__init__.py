@@ -1,0 +1,57 @@
+"""The `instcls` command line.
+
+    instcls launch TORCHRUN_ARGS...     (torchrun that exits 0 after a clean preemption save)
+    instcls train --config FILE [--set section.field=value ...] [--resume auto|none|PATH]   (under torchrun)
+    instcls eval knn|linear --config FILE --checkpoint DIR
+    instcls report --logs DIR [--png FILE]   (a finished run: summary table, curves)
+    instcls ablate [--only NAME,...] [--seeds 2] [--doc docs/ablations.md]   (the papers' ablations, CPU ranks)
+    instcls make-shards --source digits|digit-scenes|synthetic|folder --out DIR [...]
+    instcls validate-shards DIR
+    instcls drill [--only NAME,...]   (fault drills on CPU ranks; prints what survived)
+    instcls bench classifier [--num-classes N --batch B --dim D --ranks T --chunk-size C --co2 ...]
+    instcls bench data [--shards DIR --batch B --threads T --views V ...]
+    instcls bench ddp-vs-dhp --ranks T --cap-gib C [--out DIR ...]
+    instcls bench exporter [--scrapers 50 --seconds 10 --rounds 3]
+    instcls bench pic [--sizes 1281167,14197087,max --store disk --store-dir DIR --cap-gib 16 ...]
+    instcls plan --num-classes N --ranks T --batch B [--backbone resnet50 --gpu-memory-gib 32 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+# One module per command area; each registers its commands and calls the code that does the work.
+from trainer.cli import ablate, bench, drill, evaluation, plan, shards, training
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="instcls", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    for area in (training, evaluation, ablate, plan, shards, drill, bench):  # the order of `instcls --help`
+        area.register(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["launch"]:  # everything after `launch` belongs to torchrun
+        from trainer.parallel.launch import launch
+
+        return launch(argv[1:])
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except Exception as error:
+        if not isinstance(error, _errors_users_fix()):
+            raise
+        print(f"instcls: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _errors_users_fix() -> tuple[type[Exception], ...]:
+    """Errors whose message says what to fix: printed as one line, not a traceback."""
+    from data_pipeline.sample_table import ShardReadError
+    from trainer.engine.safe_load import UnsafeCheckpointError
+
+    return ValueError, FileNotFoundError, FileExistsError, ShardReadError, UnsafeCheckpointError

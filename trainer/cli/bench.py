@@ -1,0 +1,147 @@
+"""`instcls bench ...`: the benchmarks.  Each one's options are its settings dataclass's fields
+(see ``settings_options``); only what is not a setting (output files, a mode switch, a unit) is
+declared here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from trainer.cli.settings_options import add_settings_options, settings_from_args
+
+GIB = 2**30
+
+
+def register(commands) -> None:
+    bench = commands.add_parser("bench", help="benchmarks that print side-by-side ratios")
+    benchmarks = bench.add_subparsers(dest="benchmark", required=True)
+    _add_classifier(benchmarks)
+    _add_data(benchmarks)
+    _add_ddp_vs_dhp(benchmarks)
+    _add_pic(benchmarks)
+    _add_exporter(benchmarks)
+
+
+def _add_bench(benchmarks, name: str, settings_class: type, handler, help: str, description: str | None = None,
+               skip: tuple[str, ...] = (), json_output: bool = True) -> argparse.ArgumentParser:
+    """The parser of `instcls bench NAME`: the settings' options, then ``--json`` when the bench
+    writes its numbers; the caller adds what is not a setting."""
+    parser = benchmarks.add_parser(name, help=help, description=description)
+    add_settings_options(parser, settings_class, skip)
+    if json_output:
+        parser.add_argument("--json", type=Path, help="also write the numbers to this JSON file")
+    parser.set_defaults(handler=handler)
+    return parser
+
+
+def _add_classifier(benchmarks) -> None:
+    from trainer.bench.classifier_bench import ClassifierBenchSettings
+
+    parser = _add_bench(
+        benchmarks, "classifier", ClassifierBenchSettings, _run_classifier,
+        help="step time, peak memory and useful GFLOP/s of the DHP classifier vs the DDP baseline",
+        description="Spawns --ranks local processes per mode and logits handling (recomputed in the backward, "
+        "or kept in the logits cache; gloo on CPU, NCCL on GPUs) and prints the four runs side by side with "
+        "their ratios and a plain matmul of the same shapes.")
+    parser.add_argument("--co2", action="store_true",
+                        help="instead: the step-time overhead of CO2's fused consistency term over the plain loss")
+
+
+def _run_classifier(args: argparse.Namespace) -> int:
+    from trainer.bench.classifier_bench import ClassifierBenchSettings, format_report, run
+
+    settings = settings_from_args(ClassifierBenchSettings, args)
+    if args.co2:
+        from trainer.bench.co2_bench import format_co2_report, run_co2
+
+        summary = run_co2(settings)
+        print(format_co2_report(settings, summary))
+    else:
+        summary = run(settings)
+        print(format_report(summary))
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+def _add_data(benchmarks) -> None:
+    from trainer.bench.data_bench import DataBenchSettings
+
+    _add_bench(benchmarks, "data", DataBenchSettings, _run_data, json_output=False,
+               help="images/s of the DALI loader vs the PIL + torchvision fallback")
+
+
+def _run_data(args: argparse.Namespace) -> int:
+    from trainer.bench.data_bench import DataBenchSettings, format_report, run
+
+    settings = settings_from_args(DataBenchSettings, args)
+    print(format_report(settings, run(settings)))
+    return 0
+
+
+def _add_ddp_vs_dhp(benchmarks) -> None:
+    from trainer.bench.ddp_vs_dhp import SweepSettings
+
+    # The cache budget is an option in GiB (below); max_classes and warmup were never options and
+    # keep their defaults.
+    parser = _add_bench(
+        benchmarks, "ddp-vs-dhp", SweepSettings, _run_ddp_vs_dhp, json_output=False,
+        skip=("logits_cache_bytes", "max_classes", "warmup"),
+        help="largest N, memory and step time of DDP vs DHP under a per-rank memory cap",
+        description="Sweeps N up to the allocation failure for both modes; writes points.csv, table.md (paper "
+        "Table 1), memory.png (paper Figure 3) and summary.json to --out.")
+    parser.add_argument("--logits-cache-gib", type=float, default=SweepSettings().logits_cache_bytes / GIB,
+                        help="logits cache budget per rank (GiB; 0 recomputes the logits in the backward)")
+    parser.add_argument("--classes", type=int, nargs="+", help="measure only these N (no sweep)")
+    parser.add_argument("--out", type=Path, default=Path("out/ddp-vs-dhp"),
+                        help="where the tables, plot and summary go (default %(default)s)")
+
+
+def _run_ddp_vs_dhp(args: argparse.Namespace) -> int:
+    from trainer.bench.ddp_vs_dhp import SweepSettings, run
+
+    settings = settings_from_args(SweepSettings, args, logits_cache_bytes=int(args.logits_cache_gib * GIB))
+    _, table = run(settings, args.out, progress=lambda line: print(line, flush=True), classes=args.classes)
+    print(table)
+    print(f"wrote {args.out}/points.csv, table.md, memory.png, summary.json")
+    return 0
+
+
+def _add_pic(benchmarks) -> None:
+    from trainer.bench.pic_bench import PicBenchSettings
+
+    _add_bench(
+        benchmarks, "pic", PicBenchSettings, _run_pic,
+        help="PIC's step time and memory vs N (rows in a row store) next to the full-softmax DHP",
+        description="Runs the pic objective with recent-negative sampling and its rows in a store for each N, and "
+        "the full-softmax DHP classifier at the same N under a memory cap, each in a fresh process.")
+
+
+def _run_pic(args: argparse.Namespace) -> int:
+    from trainer.bench.pic_bench import PicBenchSettings, format_report, run, write_json
+
+    report = run(settings_from_args(PicBenchSettings, args))
+    print(format_report(report))
+    if args.json:
+        write_json(report, args.json)
+    return 0
+
+
+def _add_exporter(benchmarks) -> None:
+    from trainer.bench.exporter_bench import ExporterBenchSettings
+
+    _add_bench(benchmarks, "exporter", ExporterBenchSettings, _run_exporter,
+               help="step throughput with and without many concurrent /metrics scrapes (loopback)")
+
+
+def _run_exporter(args: argparse.Namespace) -> int:
+    from trainer.bench.exporter_bench import ExporterBenchSettings, format_report, run
+
+    if args.scrapers < 1 or args.rounds < 1 or args.seconds <= 0:
+        raise ValueError("bench exporter: --scrapers and --rounds must be >= 1 and --seconds > 0")
+    summary = run(settings_from_args(ExporterBenchSettings, args))
+    print(format_report(summary))
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2))
+    return 0

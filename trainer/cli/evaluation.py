@@ -1,0 +1,58 @@
+"""`instcls eval` (a checkpoint's frozen-feature accuracy) and `instcls report` (a finished run's
+summary and curves, from its logs)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from trainer.cli.training import add_config_options
+
+
+def register(commands) -> None:
+    parser = commands.add_parser("eval", help="kNN or linear-probe accuracy of a checkpoint's frozen backbone")
+    parser.add_argument("protocol", choices=["knn", "linear"])
+    add_config_options(parser)
+    parser.add_argument("--checkpoint", required=True,
+                        help="checkpoint directory, 'auto' for the newest, or 'random-init' for the untrained "
+                        "network of the config's seed (the baseline a trained one must beat)")
+    parser.set_defaults(handler=_run_eval)
+
+    parser = commands.add_parser("report", help="a finished run's summary table and a PNG of its curves, from its logs")
+    parser.add_argument("--logs", type=Path, required=True, help="the run's logging.dir (rank-*.jsonl)")
+    parser.add_argument("--png", type=Path, help="also write loss, kNN per epoch, throughput and memory here")
+    parser.set_defaults(handler=_run_report)
+
+
+def _run_eval(args: argparse.Namespace) -> int:
+    from trainer.config import load_job_config
+    from trainer.engine.checkpoint import resolve_resume
+    from trainer.engine.safe_load import load_data
+    from trainer.evaluation.checkpoint_eval import frozen_accuracy, random_init_model, require_eval_shards
+    from trainer.models import build_model
+
+    config = load_job_config(args.config, args.overrides)
+    require_eval_shards(config, args.config)
+    if args.checkpoint == "random-init":
+        checkpoint, model = "random-init", random_init_model(config)
+    else:
+        checkpoint = resolve_resume(args.checkpoint, config.checkpoint.dir)
+        if checkpoint is None:
+            raise FileNotFoundError(f"no complete checkpoint in {config.checkpoint.dir}")
+        model = build_model(config.model)
+        # The trained weights: eval's one read of the checkpoint.
+        model.load_state_dict(load_data(checkpoint / "model.pt", map_location="cpu"))
+    label, accuracy, rank = frozen_accuracy(model, config, args.protocol)
+    if rank == 0:
+        print(f"{label} accuracy of {checkpoint}: {100 * accuracy:.2f}%")
+    return 0
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from trainer.observability.report import RunLogs, plot_run, summary_table
+
+    logs = RunLogs.read(args.logs)
+    print(summary_table(logs))
+    if args.png:
+        print(f"curves: {plot_run(logs, args.png)}")
+    return 0

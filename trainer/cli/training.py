@@ -1,0 +1,52 @@
+"""`instcls train` (one rank of a job, under torchrun or the deepspeed launcher) and the job-config
+options it shares with `instcls eval`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_config_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, required=True, help="job config YAML (see configs/)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="override a config value (repeatable), e.g. --set optim.epochs=3")
+
+
+def register(commands) -> None:
+    parser = commands.add_parser("train", help="train under torchrun or the deepspeed launcher")
+    add_config_options(parser)
+    parser.add_argument("--resume", default="auto",
+                        help="auto (newest complete checkpoint, else start fresh), none, or a checkpoint path")
+    # The deepspeed launcher appends --local_rank; the rank is read from the environment instead.
+    parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
+    parser.set_defaults(handler=_run_train)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from trainer.config import load_job_config
+    from trainer.engine.checkpoint import CheckpointInterrupted, CheckpointWriteError
+    from trainer.engine.preemption import NonFiniteLossError
+    from trainer.engine.trainer import Trainer
+    from trainer.parallel import init_distributed
+    from trainer.parallel.dims import shutdown_distributed
+    from trainer.parallel.host_memory import keep_freed_host_memory
+
+    config = load_job_config(args.config, args.overrides)
+    dims = init_distributed(config.parallel.classifier_parallel_size)
+    keep_freed_host_memory(dims.device)  # CPU ranks: chunk temporaries stop page-faulting
+    try:
+        result = Trainer(config, dims, resume=args.resume).train()
+    except NonFiniteLossError as error:
+        print(f"instcls: rank {dims.rank}: {error}", file=sys.stderr)
+        return 3
+    except (CheckpointWriteError, CheckpointInterrupted) as error:
+        print(f"instcls: error: {error}", file=sys.stderr)
+        return 4
+    finally:
+        shutdown_distributed()
+    if dims.rank == 0:
+        print(f"instcls train: stopped ({result.stopped_by}) at epoch {result.state.epoch} step "
+              f"{result.state.global_step}; last checkpoint {result.last_checkpoint}")
+    return 0

@@ -1,0 +1,39 @@
+"""`instcls eval`: one protocol's accuracy of a frozen backbone, trained or at its random init."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainer.engine.checkpoint import reseed
+from trainer.evaluation.features import bank_and_queries
+from trainer.evaluation.knn import knn_accuracy
+from trainer.evaluation.linear import linear_probe_accuracy
+from trainer.models import build_model
+from trainer.parallel import init_distributed
+
+PROTOCOLS = ("knn", "linear")
+
+
+def require_eval_shards(config, config_path: Path) -> None:
+    if config.data.eval_shards is None:
+        raise ValueError(f"{config_path}: data.eval_shards is not set; point it at a labelled held-out shard set")
+
+
+def random_init_model(config):
+    """The untrained network the trainer starts from with the config's seed: the baseline a
+    trained one must beat."""
+    reseed(config.seed, 0, 0)
+    return build_model(config.model)
+
+
+def frozen_accuracy(model, config, protocol: str) -> tuple[str, float, int]:
+    """(the protocol's name for people, accuracy in [0, 1], this process's rank), all ranks together."""
+    dims = init_distributed()
+    model.to(dims.device)
+    bank, bank_labels, queries, query_labels = bank_and_queries(model, config.data, dims)
+    if protocol == "knn":
+        accuracy = knn_accuracy(bank, bank_labels, queries, query_labels, config.eval.knn_k, config.eval.knn_temperature)
+        return f"kNN (k={config.eval.knn_k}, cosine)", accuracy, dims.rank
+    if protocol == "linear":
+        return "linear probe", linear_probe_accuracy(bank, bank_labels, queries, query_labels), dims.rank
+    raise ValueError(f"eval protocol {protocol!r} is unknown: choose one of {', '.join(PROTOCOLS)}")
