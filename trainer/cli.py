@@ -396,7 +396,7 @@ def _add_train(commands) -> None:
 
 def _run_train(args: argparse.Namespace) -> int:
     from trainer.config import load_job_config
-    from trainer.engine.checkpoint import CheckpointInterrupted, CheckpointWriteError
+    from trainer.engine.save_guard import CheckpointInterrupted, CheckpointWriteError
     from trainer.engine.preemption import NonFiniteLossError
     from trainer.engine.trainer import Trainer
     from trainer.parallel import init_distributed
@@ -436,8 +436,8 @@ def _run_eval(args: argparse.Namespace) -> int:
     import torch
 
     from trainer.config import load_job_config
-    from trainer.engine.checkpoint import reseed, resolve_resume
-    from trainer.engine.safe_load import load_data
+    from trainer.engine.checkpoint_files import load_model_weights, resolve_resume
+    from trainer.engine.rng_state import reseed
     from trainer.evaluation.features import bank_and_queries
     from trainer.evaluation.knn import knn_accuracy
     from trainer.evaluation.linear import linear_probe_accuracy
@@ -456,7 +456,7 @@ def _run_eval(args: argparse.Namespace) -> int:
         if checkpoint is None:
             raise FileNotFoundError(f"no complete checkpoint in {config.checkpoint.dir}")
         model = build_model(config.model)
-        model.load_state_dict(load_data(checkpoint / "model.pt", map_location="cpu"))
+        model.load_state_dict(load_model_weights(checkpoint))
     dims = init_distributed()
     model.to(dims.device)
     bank, bank_labels, queries, query_labels = bank_and_queries(model, config.data, dims)

@@ -26,7 +26,7 @@ import torch
 from data_pipeline.shards import ShardSettings, write_shards
 from data_pipeline.sources import sklearn_digits
 from trainer.drills.jobs import LAUNCH, REPO, Job, accounting_difference, job_env, state_difference
-from trainer.engine.checkpoint import checkpoint_damage, checkpoint_name, complete_checkpoints, resolve_resume, write_manifest
+from trainer.engine.checkpoint_files import checkpoint_damage, checkpoint_name, complete_checkpoints, resolve_resume, write_manifest
 
 CADENCE = ["data.loader.batch_size=64", "optim.epochs=4", "optim.warmup_epochs=1", "checkpoint.every_steps=2",
            "logging.log_every=1", "logging.consumed_ids=true"]

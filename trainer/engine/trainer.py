@@ -28,13 +28,13 @@ from tqdm import tqdm
 from data_pipeline.loader import build_loader
 from data_pipeline.manifest import ShardManifest
 from trainer.config import JobConfig
-from trainer.engine.checkpoint import (
-    checkpoint_name, load_component, load_engine, load_rng, read_trainer_meta, reseed, resolve_resume_on_rank0,
-    save_checkpoint,
-)
+from trainer.engine.checkpoint import FieldsState, load_checkpoint, save_checkpoint
+from trainer.engine.checkpoint_files import checkpoint_name, resolve_resume_on_rank0
 from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, load_deepspeed_config, plain_model_from_engine
+from trainer.engine.engine_state import EngineState
 from trainer.engine.failpoints import armed, fail_point
 from trainer.engine.preemption import NonFiniteLossError, NonFiniteWatch, StopSignal, what_to_do_after_nonfinite
+from trainer.engine.rng_state import RngState, reseed
 from trainer.engine.schedule import LRSchedule, scaled_lr, set_lr
 from trainer.evaluation.scoring import FrozenFeatureScores
 from trainer.observability.memory import peak_rss_bytes
@@ -103,10 +103,17 @@ class Trainer:
             peak_lr=peak_lr, warmup_steps=round(config.optim.warmup_epochs * self.steps_per_epoch),
             total_steps=total_steps, min_lr=peak_lr * config.optim.min_lr_ratio,
         )
-        # Everything with checkpoint state besides the engine and the trainer's own counters.
-        self.components = {"objective": self.objective, "sampler": self.train_loader.sampler}
 
         self.state = TrainerState()
+        # Everything a checkpoint holds, restored in this order: the RNG last, after the position
+        # it reseeds from on a new world size and after anything that might draw from it.
+        self.checkpoint_state = {
+            "trainer": FieldsState(self.state, num_instances=self.num_instances),
+            "engine": EngineState(self.engine, log=self._say),
+            "objective": self.objective,
+            "sampler": self.train_loader.sampler,
+            "rng": RngState(config.seed, self.state),
+        }
         # The run summary's throughput: images over training time (no start-up, saves or evaluations);
         # a resumed run counts from its restart.
         self.images_this_run, self.train_seconds = 0, 0.0
@@ -136,12 +143,7 @@ class Trainer:
             tqdm.write(f"[instcls] rank {self.dims.rank}: skipped an unreadable sample: {problem}", file=sys.stderr)
 
     def _restore(self, path: Path) -> None:
-        meta = read_trainer_meta(path)
-        load_engine(path, self.engine, self.dims, log=self._say)
-        for name, component in self.components.items():
-            load_component(path, name, component, self.dims, self.dims.device)
-        self.state = TrainerState(**{key: meta[key] for key in vars(TrainerState())})
-        load_rng(path, self.dims, self.config.seed, self.state.global_step)
+        load_checkpoint(path, self.checkpoint_state, self.dims)
         self._say(f"resumed from {path} at epoch {self.state.epoch} step {self.state.global_step}")
 
     def _save(self) -> Path:
@@ -153,11 +155,8 @@ class Trainer:
         self.nonfinite.observe_parameters([*objective_parameters(self.objective), *local_parameters])
         self.nonfinite.check(self.dims.control_group, self.state.global_step, str(self.last_checkpoint or ""))
         started = time.perf_counter()
-        self.last_checkpoint = save_checkpoint(
-            self.config.checkpoint.dir, self.state.global_step, self.engine, self.components,
-            dict(vars(self.state), num_instances=self.num_instances), self.dims,
-            self.config.checkpoint.keep,
-        )
+        self.last_checkpoint = save_checkpoint(self.config.checkpoint.dir, self.state.global_step,
+                                               self.checkpoint_state, self.dims, self.config.checkpoint.keep)
         # what a SIGTERM grace period must cover, besides finishing the step under way
         self._say(f"saved {self.last_checkpoint} in {time.perf_counter() - started:.1f} s")
         return self.last_checkpoint
