@@ -12,7 +12,9 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.engine.checkpoint import OPTIMIZER_FILE, complete_checkpoints, load_engine, save_checkpoint
+from trainer.engine.checkpoint import save_checkpoint
+from trainer.engine.checkpoint_files import complete_checkpoints
+from trainer.engine.engine_state import OPTIMIZER_FILE, EngineState, load_engine
 from trainer.engine.deepspeed_setup import initialize_backbone, load_deepspeed_config
 from trainer.engine.optimizer_state import full_optimizer_state
 from trainer.parallel import init_distributed
@@ -51,7 +53,7 @@ def _run(stage: int, steps: list[int], resume: str | None, save_to: str | None, 
         engine.backward(loss)
         engine.step()
     if save_to is not None:
-        save_checkpoint(Path(save_to), steps[-1] + 1, engine, {}, {"step": steps[-1] + 1}, dims, keep=1)
+        save_checkpoint(Path(save_to), steps[-1] + 1, {"engine": EngineState(engine)}, dims, keep=1)
     momentum = full_optimizer_state(engine, keep=dims.rank == 0)
     if result is not None and dims.rank == 0:
         torch.save(momentum, result)

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
 from trainer.drills.catalogue import TouchesAFile
-from trainer.engine.checkpoint import _rng_states, _set_rng_states, load_rng
+from trainer.engine.rng_state import RngState, rng_states, set_rng_states
 from trainer.engine.safe_load import UnsafeCheckpointError, load_data, refuse_pickled_code
 from trainer.parallel.dims import single_process_dims
 
@@ -45,17 +46,17 @@ def test_a_tampered_rng_file_is_refused(tmp_path):
     (tmp_path / "trainer.json").write_text(json.dumps({"world_size": 1}))
     _tampered(tmp_path / "rng" / "rank-00000.pt", marker)
     with pytest.raises(UnsafeCheckpointError, match="rank-00000.pt"):
-        load_rng(tmp_path, single_process_dims(), seed=0, step=0)
+        RngState(seed=0, position=SimpleNamespace(global_step=0)).load_from(tmp_path, single_process_dims())
     assert not marker.exists()
 
 
 def test_rng_states_round_trip_as_plain_data(tmp_path):
     random.seed(1), np.random.seed(2), torch.manual_seed(3)
     np.random.standard_normal()  # leaves a cached gaussian in numpy's state
-    torch.save(_rng_states(), tmp_path / "rng.pt")
+    torch.save(rng_states(), tmp_path / "rng.pt")
     expected = (random.random(), np.random.standard_normal(3), torch.rand(3))
     random.seed(9), np.random.seed(9), torch.manual_seed(9)
-    _set_rng_states(load_data(tmp_path / "rng.pt"))
+    set_rng_states(load_data(tmp_path / "rng.pt"))
     got = (random.random(), np.random.standard_normal(3), torch.rand(3))
     assert got[0] == expected[0]
     np.testing.assert_array_equal(got[1], expected[1])

@@ -26,8 +26,7 @@ def register(commands) -> None:
 
 def _run_eval(args: argparse.Namespace) -> int:
     from trainer.config import load_job_config
-    from trainer.engine.checkpoint import resolve_resume
-    from trainer.engine.safe_load import load_data
+    from trainer.engine.checkpoint_files import load_model_weights, resolve_resume
     from trainer.evaluation.checkpoint_eval import frozen_accuracy, random_init_model, require_eval_shards
     from trainer.models import build_model
 
@@ -40,8 +39,7 @@ def _run_eval(args: argparse.Namespace) -> int:
         if checkpoint is None:
             raise FileNotFoundError(f"no complete checkpoint in {config.checkpoint.dir}")
         model = build_model(config.model)
-        # The trained weights: eval's one read of the checkpoint.
-        model.load_state_dict(load_data(checkpoint / "model.pt", map_location="cpu"))
+        model.load_state_dict(load_model_weights(checkpoint))
     label, accuracy, rank = frozen_accuracy(model, config, args.protocol)
     if rank == 0:
         print(f"{label} accuracy of {checkpoint}: {100 * accuracy:.2f}%")

@@ -26,7 +26,7 @@ def register(commands) -> None:
 
 def _run_train(args: argparse.Namespace) -> int:
     from trainer.config import load_job_config
-    from trainer.engine.checkpoint import CheckpointInterrupted, CheckpointWriteError
+    from trainer.engine.save_guard import CheckpointInterrupted, CheckpointWriteError
     from trainer.engine.preemption import NonFiniteLossError
     from trainer.engine.trainer import Trainer
     from trainer.parallel import init_distributed

@@ -14,7 +14,7 @@ from pathlib import Path
 from data_pipeline.shards import ShardSettings, write_shards
 from data_pipeline.sources import sklearn_digits
 from trainer.drills.jobs import Job, state_difference
-from trainer.engine.checkpoint import complete_checkpoints
+from trainer.engine.checkpoint_files import complete_checkpoints
 
 CADENCE = ["data.loader.batch_size=64", "optim.epochs=4", "optim.warmup_epochs=1", "checkpoint.every_steps=2",
            "logging.log_every=1", "logging.consumed_ids=true"]

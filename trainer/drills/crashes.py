@@ -14,7 +14,7 @@ from trainer.drills.context import (
     CADENCE, FOUR_STEPS, NO_LOSS, DrillContext, DrillResult, first_step_after, killed_at, resume_and_compare,
 )
 from trainer.drills.jobs import LAUNCH, REPO, Job, accounting_difference, job_env, state_difference
-from trainer.engine.checkpoint import checkpoint_damage, checkpoint_name, complete_checkpoints, resolve_resume
+from trainer.engine.checkpoint_files import checkpoint_damage, checkpoint_name, complete_checkpoints, resolve_resume
 
 
 def rank_killed_mid_step(context: DrillContext) -> DrillResult:
@@ -40,18 +40,18 @@ def killed_during_save(context: DrillContext, fault: str, completes: bool, run_d
     ``completes``: the kill comes after the rename, so checkpoint 4 is the complete one to take."""
     job = context.after_two_steps.copy_to(run_dir)
     killed = job.run(FOUR_STEPS, launcher=LAUNCH, env=job_env(INSTCLS_FAILPOINT=f"{fault},step=4"))
-    killed_at = killed_at(killed.stdout + killed.stderr)
+    kill_time = killed_at(killed.stdout + killed.stderr)
     expected = job.checkpoints / checkpoint_name(4 if completes else 2)
     picked = resolve_resume("auto", job.checkpoints, log=lambda message: None)
     partial = (job.checkpoints / (checkpoint_name(4) + ".tmp")).exists()
     newest_is_expected = complete_checkpoints(job.checkpoints)[-1] == expected and checkpoint_damage(expected) is None
-    lost, recovery, same = resume_and_compare(job, context, killed_at)
+    lost, recovery, same = resume_and_compare(job, context, kill_time)
     leftover = bool(list(job.checkpoints.glob("*.tmp")))
     return DrillResult(
         "rank-killed-while-saving", f"SIGKILL at {fault} while checkpoint 4 is written",
         f"exit {killed.returncode}; step 4 left as .tmp: {partial}; --resume auto took {picked.name if picked else None}; "
         f"partial files left after the resume: {leftover}", lost, recovery,
-        killed.returncode != 0 and killed_at is not None and partial != completes and picked == expected
+        killed.returncode != 0 and kill_time is not None and partial != completes and picked == expected
         and newest_is_expected and not leftover and same)
 
 

@@ -7,7 +7,7 @@ import torch
 
 from trainer.drills.context import CADENCE, FOUR_STEPS, DrillContext, DrillResult
 from trainer.drills.jobs import Job, job_env, state_difference
-from trainer.engine.checkpoint import checkpoint_name, complete_checkpoints
+from trainer.engine.checkpoint_files import checkpoint_name, complete_checkpoints
 
 
 def loss_becomes_nan(context: DrillContext) -> DrillResult:

@@ -13,7 +13,7 @@ import torch
 
 from trainer.drills.context import FOUR_STEPS, DrillContext, DrillResult
 from trainer.drills.jobs import Job
-from trainer.engine.checkpoint import complete_checkpoints, write_manifest
+from trainer.engine.checkpoint_files import complete_checkpoints, write_manifest
 
 
 class TouchesAFile:

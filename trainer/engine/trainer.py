@@ -15,8 +15,6 @@ skip_step`` it also agrees, before the backward, whether any rank's loss is fini
 
 from __future__ import annotations
 
-import math
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,21 +26,21 @@ from data_pipeline.loader import build_loader
 from data_pipeline.manifest import ShardManifest
 from data_pipeline.view_layout import ViewLayout
 from trainer.config import JobConfig
-from trainer.engine.checkpoint import (
-    checkpoint_name, load_component, load_engine, load_rng, read_trainer_meta, reseed, resolve_resume_on_rank0,
-    save_checkpoint,
-)
+from trainer.engine.checkpoint import FieldsState, load_checkpoint, save_checkpoint
+from trainer.engine.checkpoint_files import checkpoint_name, resolve_resume_on_rank0
 from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, load_deepspeed_config
+from trainer.engine.engine_state import EngineState
 from trainer.engine.failpoints import armed, fail_point
 from trainer.engine.preemption import NonFiniteWatch, StopSignal
+from trainer.engine.rng_state import RngState, reseed
+from trainer.engine.run_record import RunRecord
 from trainer.engine.step_skipping import StepSkipper
 from trainer.engine.training_eval import TrainingEvaluation
 from trainer.engine.schedule import LRSchedule, scaled_lr, set_lr
-from trainer.observability.memory import peak_rss_bytes
 from trainer.parallel.launch import mark_clean_stop
 from trainer.models import build_model
 from trainer.objectives import ObjectiveContext, OptimSettings, StepViews, View, build_objective, objective_parameters
-from trainer.observability.logs import JsonlLog, memory_readings
+from trainer.observability.logs import JsonlLog
 from trainer.observability.metrics import TrainingMetrics
 from trainer.parallel import ParallelDims
 
@@ -69,6 +67,8 @@ class Trainer:
         self.config, self.dims = config, dims
         self.log = JsonlLog(config.logging.dir, dims.rank)
         self.metrics = TrainingMetrics(dims.rank)
+        self.record = RunRecord(self.log, self.metrics, dims.rank, dims.device)
+        self._say = self.record.say
         if config.logging.metrics_port:  # first, so a taken port stops the job before minutes of set-up
             self.metrics.serve(config.logging.metrics_port + dims.local_rank, config.logging.metrics_bind)
         manifest = ShardManifest.load(config.data.train_shards)
@@ -107,13 +107,17 @@ class Trainer:
             peak_lr=peak_lr, warmup_steps=round(config.optim.warmup_epochs * self.steps_per_epoch),
             total_steps=total_steps, min_lr=peak_lr * config.optim.min_lr_ratio,
         )
-        # Everything with checkpoint state besides the engine and the trainer's own counters.
-        self.components = {"objective": self.objective, "sampler": self.train_loader.sampler}
 
         self.state = TrainerState()
-        # The run summary's throughput: images over training time (no start-up, saves or evaluations);
-        # a resumed run counts from its restart.
-        self.images_this_run, self.train_seconds = 0, 0.0
+        # Everything a checkpoint holds, restored in this order: the RNG last, after the position
+        # it reseeds from on a new world size and after anything that might draw from it.
+        self.checkpoint_state = {
+            "trainer": FieldsState(self.state, num_instances=self.num_instances),
+            "engine": EngineState(self.engine, log=self._say),
+            "objective": self.objective,
+            "sampler": self.train_loader.sampler,
+            "rng": RngState(config.seed, self.state),
+        }
         self.last_checkpoint = resolve_resume_on_rank0(resume, config.checkpoint.dir, dims, self._say)
         if self.last_checkpoint is not None:
             self._restore(self.last_checkpoint)
@@ -128,25 +132,8 @@ class Trainer:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _say(self, message: str) -> None:
-        self.log.write(event="message", message=message)
-        if self.dims.rank == 0:
-            tqdm.write(f"[instcls] {message}")
-
-    def _skipped(self, problems: tuple[str, ...]) -> None:
-        """Unreadable samples the loader skipped (``on_bad_sample: skip``): counted and named by every rank."""
-        self.metrics.bad_samples.inc(len(problems))
-        for problem in problems:
-            self.log.write(event="bad_sample_skipped", step=self.state.global_step + 1, problem=problem)
-            tqdm.write(f"[instcls] rank {self.dims.rank}: skipped an unreadable sample: {problem}", file=sys.stderr)
-
     def _restore(self, path: Path) -> None:
-        meta = read_trainer_meta(path)
-        load_engine(path, self.engine, self.dims, log=self._say)
-        for name, component in self.components.items():
-            load_component(path, name, component, self.dims, self.dims.device)
-        self.state = TrainerState(**{key: meta[key] for key in vars(TrainerState())})
-        load_rng(path, self.dims, self.config.seed, self.state.global_step)
+        load_checkpoint(path, self.checkpoint_state, self.dims)
         self._say(f"resumed from {path} at epoch {self.state.epoch} step {self.state.global_step}")
 
     def _save(self) -> Path:
@@ -158,11 +145,8 @@ class Trainer:
         self.nonfinite.observe_parameters([*objective_parameters(self.objective), *local_parameters])
         self.nonfinite.check(self.dims.control_group, self.state.global_step, str(self.last_checkpoint or ""))
         started = time.perf_counter()
-        self.last_checkpoint = save_checkpoint(
-            self.config.checkpoint.dir, self.state.global_step, self.engine, self.components,
-            dict(vars(self.state), num_instances=self.num_instances), self.dims,
-            self.config.checkpoint.keep,
-        )
+        self.last_checkpoint = save_checkpoint(self.config.checkpoint.dir, self.state.global_step,
+                                               self.checkpoint_state, self.dims, self.config.checkpoint.keep)
         # what a SIGTERM grace period must cover, besides finishing the step under way
         self._say(f"saved {self.last_checkpoint} in {time.perf_counter() - started:.1f} s")
         return self.last_checkpoint
@@ -174,14 +158,6 @@ class Trainer:
         loader = build_loader(self.config.data.train_shards, self.config.data.loader, self.dims.rank,
                               self.dims.world_size, self.dims.device, train=False)
         return loader.epoch_batches(0)
-
-    def _objective_metrics(self) -> dict[str, float]:
-        """The objective's metrics, exported; its collective time feeds the comm counter."""
-        values = self.objective.metrics()
-        self.metrics.comm.inc(values.get("comm_seconds", 0.0))
-        for name, value in values.items():
-            self.metrics.objective.labels(self.metrics.rank, name).set(value)
-        return values
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -203,7 +179,7 @@ class Trainer:
             self.stop_signal.restore()
         scores = None
         if stopped_by == "finished":
-            self._log_run_summary()
+            self.record.summary(config.objective.name, state.epoch, state.global_step, self.dims.world_size)
             if config.eval.knn_at_end:
                 scores = self.evaluate(final=True)
         self.log.close()
@@ -218,8 +194,7 @@ class Trainer:
         self.engine.train()
         bar = tqdm(total=self.steps_per_epoch, initial=state.step_in_epoch, desc=f"epoch {epoch}", disable=not (
             config.logging.progress and dims.rank == 0), unit="step")
-        window_start = time.perf_counter()
-        window_images, window_wait = 0, 0.0
+        self.record.start_window()
         wait_start = time.perf_counter()
         # The loader starts at the first step not yet done: nothing before it is read or decoded.
         for batch in self.train_loader.epoch_batches(epoch, state.step_in_epoch):
@@ -229,7 +204,7 @@ class Trainer:
                 return "max_steps"
             data_wait = time.perf_counter() - wait_start
             if batch.skipped:
-                self._skipped(batch.skipped)
+                self.record.skipped(batch.skipped, state.global_step + 1)
             step_start = time.perf_counter()
             log_step = (state.global_step + 1) % config.logging.log_every == 0 or state.global_step == 0
             loss, stop_agreed = self._step(batch, validate=log_step)
@@ -238,20 +213,13 @@ class Trainer:
             if config.logging.consumed_ids:  # padding repeats are not consumed
                 self.log.write(event="consumed", epoch=epoch, step=state.global_step,
                                ids=batch.instance_ids[batch.valid].tolist())
-            step_seconds = time.perf_counter() - step_start
-
-            images = batch.instance_ids.shape[0]
-            self.metrics.samples.inc(images)
-            self.images_this_run += images
-            self.metrics.data_wait.inc(data_wait)
-            self.metrics.step_duration.observe(step_seconds + data_wait)
-            self.metrics.epoch_progress.set(state.step_in_epoch / self.steps_per_epoch)
-            window_images += images
-            window_wait += data_wait
+            self.record.step_done(batch.instance_ids.shape[0], data_wait, time.perf_counter() - step_start,
+                                  state.step_in_epoch / self.steps_per_epoch)
             bar.update(1)
             if log_step:
-                self._log_step(loss, window_images / (time.perf_counter() - window_start), window_wait)
-                window_start, window_images, window_wait = time.perf_counter(), 0, 0.0
+                self.nonfinite.check(dims.control_group, state.global_step, str(self.last_checkpoint or ""))
+                self.record.log_step(epoch, state.global_step, loss, self.schedule.lr_at(state.global_step - 1),
+                                     self.objective)
             every = config.checkpoint.every_steps
             if every and state.global_step % every == 0:
                 self._save()
@@ -263,12 +231,7 @@ class Trainer:
                 return "sigterm"
             wait_start = time.perf_counter()
         bar.close()
-        epoch_seconds = time.perf_counter() - epoch_start
-        self.train_seconds += epoch_seconds
-        objective_metrics = self._objective_metrics()
-        self.log.write(event="epoch", epoch=epoch, seconds=round(epoch_seconds, 3), **objective_metrics)
-        self._say(f"epoch {epoch}: {epoch_seconds:.1f}s; objective: " +
-                  ", ".join(f"{name} {value:.4g}" for name, value in objective_metrics.items()))
+        self.record.epoch_done(epoch, time.perf_counter() - epoch_start, self.objective)
         state.epoch += 1
         state.step_in_epoch = 0
         if config.checkpoint.every_epochs and state.epoch % config.checkpoint.every_epochs == 0:
@@ -320,20 +283,6 @@ class Trainer:
         self.nonfinite.observe(loss)
         return (loss if out.reported is None else out.reported).detach(), stop_agreed
 
-    def _log_step(self, loss: torch.Tensor, images_per_second: float, data_wait: float) -> None:
-        self.nonfinite.check(self.dims.control_group, self.state.global_step, str(self.last_checkpoint or ""))
-        loss_value = float(loss)
-        memory = memory_readings(self.dims.device)
-        objective_metrics = self._objective_metrics()
-        self.metrics.loss.set(loss_value)
-        self.metrics.set_memory(memory)
-        # null, not NaN, for a skipped step's loss: strict JSON readers (jq, log shippers) reject NaN
-        self.log.write(event="step", epoch=self.state.epoch, step=self.state.global_step,
-                       loss=round(loss_value, 5) if math.isfinite(loss_value) else None,
-                       lr=self.schedule.lr_at(self.state.global_step - 1), images_per_s=round(images_per_second, 2),
-                       data_wait_s=round(data_wait, 4), memory_bytes=memory,
-                       **{f"objective_{name}": round(value, 4) for name, value in objective_metrics.items()})
-
     # -- evaluation ------------------------------------------------------------------------
 
     def evaluate(self, final: bool) -> dict | None:
@@ -342,12 +291,3 @@ class Trainer:
         if self.evaluation is None:
             return None
         return self.evaluation.run(self.engine, self.state.epoch, self.state.global_step, final)
-
-    def _log_run_summary(self) -> None:
-        """What the run cost on this rank: throughput and peak memory (CUDA allocator or CPU RSS)."""
-        device = self.dims.device
-        peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else peak_rss_bytes()
-        self.log.write(event="summary", objective=self.config.objective.name, epochs=self.state.epoch,
-                       steps=self.state.global_step, seconds=round(self.train_seconds, 3), world_size=self.dims.world_size,
-                       images=self.images_this_run, peak_memory_bytes=peak,
-                       peak_memory_kind="cuda_max_allocated" if device.type == "cuda" else "rss_high_water")

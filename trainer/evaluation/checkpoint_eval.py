@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainer.engine.checkpoint import reseed
+from trainer.engine.rng_state import reseed
 from trainer.evaluation.features import bank_and_queries
 from trainer.evaluation.knn import knn_accuracy
 from trainer.evaluation.linear import linear_probe_accuracy

@@ -4,7 +4,7 @@ An objective owns its parameters and state (a classifier shard, prototypes, queu
 answers five questions: which optimizers train its parameters (outside ZeRO; the backbone and head
 are ZeRO's), what to do when training and each epoch start, the loss of one step, what to do after
 backward (gradient averaging, lazy corrections), and its metrics.  Its checkpoint state is a
-nested dict in which row-sharded tensors are wrapped in ``ShardedRows``; ``engine.checkpoint``
+nested dict in which row-sharded tensors are wrapped in ``ShardedRows``; ``parallel.sharded_state``
 re-splits those by row range, so the state reloads on any number of ranks.
 
 A minimal objective (a replicated linear classifier over instance ids)::
@@ -54,6 +54,7 @@ from data_pipeline.sampler import StepIndices
 from data_pipeline.view_layout import ViewLayout
 from trainer.checks import raise_first_invalid  # noqa: F401 (objectives check their configs with it)
 from trainer.parallel import ParallelDims
+from trainer.parallel.sharded_state import ShardedRows  # objectives build their state with it
 
 @dataclass(frozen=True)
 class ObjectiveConfig:
@@ -135,19 +136,6 @@ class LossOut:
     # The step's loss over all ranks, to log instead of ``loss`` when ``loss`` is only this rank's
     # share of it (set on log steps, where computing it may sync); None: ``loss`` is that already.
     reported: torch.Tensor | None = None
-
-
-@dataclass
-class ShardedRows:
-    """Rows ``[start, end)`` of a ``total``-row tensor held by this rank (``rows`` may be None while
-    the state does not exist yet).  ``primary`` is False on ranks whose rows duplicate another
-    rank's (replicas), so each row is written once."""
-
-    rows: torch.Tensor | None
-    start: int
-    end: int
-    total: int
-    primary: bool = True
 
 
 class Objective:

@@ -1,0 +1,76 @@
+"""The DeepSpeed engine (backbone + head and its optimizer) as a checkpoint entry.
+
+DeepSpeed writes its own files (``deepspeed/``, every rank), so the engine is a
+``DirectoryState``; next to them rank 0 writes ``model.pt`` (the consolidated fp32 weights) and
+``optimizer.pt`` (the optimizer's state by parameter name, whole).  With the same world size the
+DeepSpeed state restores the backbone exactly; with another, the weights come from ``model.pt``
+and the optimizer state (SGD's momentum) from ``optimizer.pt``, put into the new ZeRO
+partitioning by DeepSpeed's accessors (``trainer.engine.optimizer_state``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import deepspeed
+import torch
+
+from trainer.engine.checkpoint_files import MODEL_FILE, load_model_weights, read_trainer_meta
+from trainer.engine.failpoints import fail_point
+from trainer.engine.optimizer_state import full_optimizer_state, load_full_optimizer_state, load_master_weights
+from trainer.engine.safe_load import load_data, refuse_pickled_code
+from trainer.parallel import ParallelDims
+
+OPTIMIZER_FILE = "optimizer.pt"
+DEEPSPEED_FOLDER = "deepspeed"
+
+
+class EngineState:
+    """The checkpoint entry of a DeepSpeed engine; ``log`` reports how a resharded resume went."""
+
+    def __init__(self, engine, log=print) -> None:
+        self.engine, self.log = engine, log
+
+    def save_to(self, path: Path, dims: ParallelDims, step: int) -> None:
+        """Collective (DeepSpeed's save, and the optimizer state gathered under ZeRO)."""
+        engine, path = self.engine, Path(path)
+        fail_point("checkpoint.before_engine", step)
+        engine.save_checkpoint(str(path / DEEPSPEED_FOLDER), tag="state", save_latest=False)
+        fail_point("checkpoint.after_engine", step)
+        parameters = list(engine.module.parameters())
+        with deepspeed.zero.GatheredParameters(parameters, modifier_rank=None):  # no-op below ZeRO-3
+            if dims.rank == 0:
+                full = {k: v.detach().float().cpu().clone() for k, v in engine.module.state_dict().items()}
+                torch.save(full, path / MODEL_FILE)
+        optimizer_state = full_optimizer_state(engine, keep=dims.rank == 0)  # collective under ZeRO
+        if dims.rank == 0:
+            torch.save(optimizer_state, path / OPTIMIZER_FILE)
+
+    def load_from(self, path: Path, dims: ParallelDims) -> None:
+        load_engine(path, self.engine, dims, self.log)
+
+
+def load_engine(path: Path, engine, dims: ParallelDims, log=print) -> None:
+    """The backbone: exact DeepSpeed state on the same world size, else the weights of model.pt."""
+    path = Path(path)
+    meta = read_trainer_meta(path)
+    if meta["world_size"] == dims.world_size:
+        refuse_pickled_code(path / DEEPSPEED_FOLDER)  # DeepSpeed unpickles with weights_only=False
+        engine.load_checkpoint(str(path / DEEPSPEED_FOLDER), tag="state", load_lr_scheduler_states=False)
+        return
+    state_dict = load_model_weights(path)
+    parameters = list(engine.module.parameters())
+    with deepspeed.zero.GatheredParameters(parameters, modifier_rank=0):
+        if dims.rank == 0 or engine.zero_optimization_stage() < 3:
+            engine.module.load_state_dict(state_dict)
+    load_master_weights(engine, state_dict)  # else the first step writes the old master weights back
+    optimizer_file = path / OPTIMIZER_FILE
+    if not optimizer_file.is_file():  # written before optimizer.pt existed
+        log(f"resuming {path} written by {meta['world_size']} ranks on {dims.world_size}: objective state re-split "
+            f"by rows; backbone weights from model.pt; it has no {OPTIMIZER_FILE}, so the backbone optimizer's "
+            "state restarts")
+        return
+    missing = load_full_optimizer_state(engine, load_data(optimizer_file, map_location="cpu"))
+    log(f"resuming {path} written by {meta['world_size']} ranks on {dims.world_size}: objective state re-split by "
+        f"rows; backbone weights from model.pt and optimizer state from {OPTIMIZER_FILE}"
+        + (f" ({len(missing)} parameters had none: {', '.join(missing[:3])}...)" if missing else ""))

@@ -1,0 +1,87 @@
+"""What a training run tells its operator: the JSON-lines log, the Prometheus metrics and the
+console, for each step, log step, epoch and the end of the run (the trainer only reports events)."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+import torch
+from tqdm import tqdm
+
+from trainer.observability.logs import JsonlLog, memory_readings
+from trainer.observability.memory import peak_rss_bytes
+from trainer.observability.metrics import TrainingMetrics
+
+
+class RunRecord:
+    def __init__(self, log: JsonlLog, metrics: TrainingMetrics, rank: int, device: torch.device) -> None:
+        self.log, self.metrics, self.rank, self.device = log, metrics, rank, device
+        # The run summary's throughput: images over training time (no start-up, saves or
+        # evaluations); a resumed run counts from its restart.
+        self.images_this_run, self.train_seconds = 0, 0.0
+        self._window_start, self._window_images, self._window_wait = time.perf_counter(), 0, 0.0
+
+    def say(self, message: str) -> None:
+        self.log.write(event="message", message=message)
+        if self.rank == 0:
+            tqdm.write(f"[instcls] {message}")
+
+    def skipped(self, problems: tuple[str, ...], step: int) -> None:
+        """Unreadable samples the loader skipped (``on_bad_sample: skip``): counted and named by every rank."""
+        self.metrics.bad_samples.inc(len(problems))
+        for problem in problems:
+            self.log.write(event="bad_sample_skipped", step=step, problem=problem)
+            tqdm.write(f"[instcls] rank {self.rank}: skipped an unreadable sample: {problem}", file=sys.stderr)
+
+    def objective_metrics(self, objective) -> dict[str, float]:
+        """The objective's metrics, exported; its collective time feeds the comm counter."""
+        values = objective.metrics()
+        self.metrics.comm.inc(values.get("comm_seconds", 0.0))
+        for name, value in values.items():
+            self.metrics.objective.labels(self.metrics.rank, name).set(value)
+        return values
+
+    def step_done(self, images: int, data_wait: float, step_seconds: float, epoch_progress: float) -> None:
+        self.metrics.samples.inc(images)
+        self.images_this_run += images
+        self.metrics.data_wait.inc(data_wait)
+        self.metrics.step_duration.observe(step_seconds + data_wait)
+        self.metrics.epoch_progress.set(epoch_progress)
+        self._window_images += images
+        self._window_wait += data_wait
+
+    def start_window(self) -> None:
+        """Throughput is measured from here to the next log step."""
+        self._window_start, self._window_images, self._window_wait = time.perf_counter(), 0, 0.0
+
+    def log_step(self, epoch: int, step: int, loss: torch.Tensor, lr: float, objective) -> None:
+        """A log step (a host sync): loss, throughput and data wait since the last one, memory, the objective's metrics."""
+        loss_value = float(loss)
+        memory = memory_readings(self.device)
+        objective_metrics = self.objective_metrics(objective)
+        self.metrics.loss.set(loss_value)
+        self.metrics.set_memory(memory)
+        images_per_second = self._window_images / (time.perf_counter() - self._window_start)
+        # null, not NaN, for a skipped step's loss: strict JSON readers (jq, log shippers) reject NaN
+        self.log.write(event="step", epoch=epoch, step=step, loss=round(loss_value, 5) if math.isfinite(loss_value)
+                       else None, lr=lr, images_per_s=round(images_per_second, 2),
+                       data_wait_s=round(self._window_wait, 4), memory_bytes=memory,
+                       **{f"objective_{name}": round(value, 4) for name, value in objective_metrics.items()})
+        self.start_window()
+
+    def epoch_done(self, epoch: int, seconds: float, objective) -> None:
+        self.train_seconds += seconds
+        objective_metrics = self.objective_metrics(objective)
+        self.log.write(event="epoch", epoch=epoch, seconds=round(seconds, 3), **objective_metrics)
+        self.say(f"epoch {epoch}: {seconds:.1f}s; objective: " +
+                 ", ".join(f"{name} {value:.4g}" for name, value in objective_metrics.items()))
+
+    def summary(self, objective_name: str, epochs: int, steps: int, world_size: int) -> None:
+        """What the run cost on this rank: throughput and peak memory (CUDA allocator or CPU RSS)."""
+        cuda = self.device.type == "cuda"
+        peak = torch.cuda.max_memory_allocated(self.device) if cuda else peak_rss_bytes()
+        self.log.write(event="summary", objective=objective_name, epochs=epochs, steps=steps,
+                       seconds=round(self.train_seconds, 3), world_size=world_size, images=self.images_this_run,
+                       peak_memory_bytes=peak, peak_memory_kind="cuda_max_allocated" if cuda else "rss_high_water")
