@@ -7,7 +7,6 @@ from dataclasses import dataclass
 import torch
 
 from data_pipeline.sampler import StepIndices
-from data_pipeline.view_layout import GLOBAL_VIEW, SMALL_VIEW  # noqa: F401 (re-exported)
 
 
 @dataclass

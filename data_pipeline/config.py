@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from data_pipeline.augment import AugmentConfig
+from data_pipeline.view_layout import ViewLayout
 
 LOADER_BACKENDS = ("dali", "torch")
 LAST_BATCH_POLICIES = ("pad", "drop")
@@ -75,3 +76,8 @@ class LoaderConfig:
         need(self.num_threads >= 1, "num_threads", "use at least 1")
         need(self.last_batch in LAST_BATCH_POLICIES, "last_batch", f"choose one of {LAST_BATCH_POLICIES}")
         need(self.on_bad_sample in BAD_SAMPLE_POLICIES, "on_bad_sample", f"choose one of {BAD_SAMPLE_POLICIES}")
+
+    @property
+    def view_layout(self) -> ViewLayout:
+        """The training views of every step, as the loader emits them and the losses read them."""
+        return ViewLayout.of_training(self.augment)

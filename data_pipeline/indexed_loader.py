@@ -53,8 +53,7 @@ class IndexedLoader:
         augment = config.augment if train else None
         self.reader = StepReader(table, self.sampler, rank, config.seed, augment, read_threads,
                                  skip_bad_samples=config.on_bad_sample == "skip")
-        augment = config.augment
-        self.view_layout = ViewLayout.of_training(augment) if train else ViewLayout.single(augment.image_size)
+        self.view_layout = config.view_layout if train else ViewLayout.single(config.augment.image_size)
         self.view_kinds = list(self.view_layout.kinds)
 
     def __len__(self) -> int:

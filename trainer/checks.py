@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 
-def raise_first_invalid(config, checks: list[tuple[bool, str, str]]) -> None:
-    """``checks``: ``(ok, field, fix)``; the first failing one raises ``field=value is invalid: fix``
-    (the job config adds the section's prefix, e.g. ``objective.``)."""
+def raise_first_invalid(config, checks: list[tuple[bool, str, str]], prefix: str = "") -> None:
+    """``checks``: ``(ok, field, fix)``; the first failing one raises ``{prefix}field=value is invalid:
+    fix`` (a job config adds its section's prefix, e.g. ``objective.``)."""
     for ok, name, fix in checks:
         if not ok:
-            raise ValueError(f"{name}={getattr(config, name)!r} is invalid: {fix}")
+            raise ValueError(f"{prefix}{name}={getattr(config, name)!r} is invalid: {fix}")

@@ -170,7 +170,7 @@ def _pic_step(objective, dims, step, ids, features):
     views = [View(features[v, mine].clone().requires_grad_(), "global", v) for v in range(2)]
     indices = StepIndices(ids=ids.reshape(dims.world_size, -1), valid=np.ones((dims.world_size, local), dtype=bool))
     step_views = StepViews(views, torch.from_numpy(ids[mine]), torch.ones(local, dtype=torch.bool), ids.size, 0, step,
-                           global_batch=indices)
+                           plan=indices)
     optimizer, = objective.optimizers()
     loss = objective.loss(step_views).loss
     loss.backward()

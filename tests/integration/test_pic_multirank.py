@@ -55,8 +55,8 @@ def _run_step(objective, dims, step, lr, ids, features, next_ids=None):
     optimizer, = objective.optimizers()
     set_lr(optimizer, lr)
     step_views = StepViews(views, torch.from_numpy(ids[mine]), torch.ones(local, dtype=torch.bool), ids.size, 0, step,
-                           global_batch=_indices(ids, world),
-                           next_global_batch=None if next_ids is None else _indices(next_ids, world))
+                           plan=_indices(ids, world),
+                           next_plan=None if next_ids is None else _indices(next_ids, world))
     loss = objective.loss(step_views).loss
     loss.backward()
     objective.after_backward()
@@ -141,7 +141,7 @@ def _check_padded_step(co2_alpha: float):
     set_lr(optimizer, 0.0)
     batch = StepIndices(ids=ids.reshape(world, -1), valid=valid.reshape(world, -1))
     step = StepViews(views, torch.from_numpy(ids[mine]), torch.from_numpy(valid[mine]), int(valid.sum()), 0, 0,
-                     global_batch=batch)
+                     plan=batch)
     loss = objective.loss(step).loss
     loss.backward()
     objective.after_backward()

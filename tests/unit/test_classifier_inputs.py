@@ -113,3 +113,14 @@ def test_out_of_range_ids_poison_the_loss_even_with_validation_off(bad_id):
 def test_in_range_ids_with_validation_off_give_a_finite_loss():
     model = classifier(validate_inputs=False, smoothing_alpha=0.0)
     assert torch.isfinite(model(torch.randn(3, 8), torch.tensor([0, 19, 7])))
+
+
+def test_a_non_finite_padding_column_still_shows_in_the_loss():
+    """Padding adds nothing, but a NaN there is a fault (every column scores its own row): the
+    trainer's non-finite watch must see it rather than train on its NaN gradients."""
+    model = classifier(smoothing_alpha=0.0)
+    features = torch.randn(4, 8)
+    ids, valid = torch.tensor([0, 1, 2, 3]), torch.tensor([True, True, True, False])
+    assert torch.isfinite(model(features, ids, valid=valid))
+    features[3] = float("nan")
+    assert torch.isnan(model(features, ids, valid=valid))

@@ -79,3 +79,18 @@ def test_overrides_apply_and_are_checked(tmp_path):
         load_job_config(path, ["optim.epochs"])
     with pytest.raises(ConfigError, match=r"optim.warmup_epochs=10.0 is invalid: use 0 <= warmup_epochs <= epochs"):
         load_job_config(path, ["optim.epochs=3"])
+
+
+def test_objective_configs_run_the_classifier_settings_checks():
+    """The settings are inherited, not copied: each objective config checks them, with its hint."""
+    from trainer.objectives import InstanceConfig, PicConfig
+
+    with pytest.raises(ValueError, match=r"temperature=0.001 is invalid: .*\(paper: 0.15\)"):
+        InstanceConfig(temperature=0.001)
+    with pytest.raises(ValueError, match=r"temperature=0.01 is invalid: .*\(paper: 0.2\)"):
+        PicConfig(temperature=0.01)
+    with pytest.raises(ValueError, match=r"init_std=0 is invalid"):
+        PicConfig(init_std=0)
+    with pytest.raises(ValueError, match=r"top_k=0 is invalid"):
+        InstanceConfig(top_k=0)
+    assert InstanceConfig().smoothing_alpha == 0.2 and PicConfig().temperature == 0.2

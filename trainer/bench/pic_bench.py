@@ -152,8 +152,8 @@ def _sampled_point(settings: PicBenchSettings, num_classes: int, store_dir: str,
                 began = time.perf_counter()
                 set_lr(optimizer, 0.1)
                 loss = objective.loss(StepViews(views, ids, torch.ones_like(ids, dtype=torch.bool), settings.batch, 0,
-                                                step, global_batch=indices[step],
-                                                next_global_batch=indices[step + 1])).loss
+                                                step, plan=indices[step],
+                                                next_plan=indices[step + 1])).loss
                 loss.backward()
                 objective.after_backward()
                 optimizer.step()

@@ -1,6 +1,8 @@
 """The N-way instance classifier: class sharding, distributed chunked softmax CE, the module."""
 
-from trainer.classifier.config import ClassifierConfig
+from trainer.classifier.chunk_term import ChunkTerm, KernelPass
+from trainer.classifier.config import ClassifierConfig, ClassifierSettings, HeadSettings
+from trainer.classifier.head import CosineHead
 from trainer.classifier.module import ShardedCosineClassifier, gaussian_rows
 from trainer.classifier.sharding import ClassShard, all_shards
 from trainer.classifier.hard_negatives import HardNegativeIndex
@@ -9,8 +11,13 @@ from trainer.classifier.losses import SmoothingForm
 from trainer.classifier.validation import ClassifierInputError
 
 __all__ = [
+    "ChunkTerm",
     "ClassShard",
     "ClassifierConfig",
+    "ClassifierSettings",
+    "CosineHead",
+    "HeadSettings",
+    "KernelPass",
     "ClassifierInputError",
     "ShardedCosineClassifier",
     "HardNegativeIndex",

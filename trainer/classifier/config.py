@@ -10,6 +10,7 @@ stays flat (``objective.temperature``, ``objective.top_k``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import ClassVar
 
 from data_pipeline.view_layout import ViewLayout
 from trainer.checks import raise_first_invalid
@@ -19,8 +20,11 @@ from trainer.classifier.kernel import MAX_ABS_LOGIT, KernelSettings
 from trainer.classifier.losses import SmoothingForm
 
 MODES = ("dhp", "ddp")
-_TEMPERATURE_FIX = (f"use a temperature >= {1 / MAX_ABS_LOGIT}; the kernel exponentiates cosine logits up to "
-                    "1/temperature without a running max")
+
+
+def _temperature_fix(usual: str) -> str:
+    return (f"use a temperature >= {1 / MAX_ABS_LOGIT} ({usual}); the kernel exponentiates cosine logits up to "
+            "1/temperature without a running max")
 
 
 @dataclass(frozen=True)
@@ -41,17 +45,20 @@ class HeadSettings:
     co2_alpha: float = 0.0
     co2_temperature: float = 0.05
 
+    USUAL_TEMPERATURE: ClassVar[str] = "paper: 0.15"  # named in the fix of a bad temperature
+
     def __post_init__(self) -> None:
         raise_first_invalid(self, self.checks())
 
     def checks(self) -> list[tuple[bool, str, str]]:
         """``(ok, field, fix)`` of every field; subclasses add theirs."""
         return [
-            (self.temperature >= 1 / MAX_ABS_LOGIT, "temperature", _TEMPERATURE_FIX),
+            (self.temperature >= 1 / MAX_ABS_LOGIT, "temperature", _temperature_fix(self.USUAL_TEMPERATURE)),
             (self.chunk_size >= 1, "chunk_size", "use a positive number of rows per chunk (e.g. 65536)"),
             (self.init_std > 0, "init_std", "use a positive standard deviation (e.g. 0.01)"),
             (self.co2_alpha >= 0, "co2_alpha", "use alpha >= 0 (0: off; CO2's MoCo v2 setting: 0.3)"),
-            (self.co2_temperature >= 1 / MAX_ABS_LOGIT, "co2_temperature", _TEMPERATURE_FIX),
+            (self.co2_temperature >= 1 / MAX_ABS_LOGIT, "co2_temperature",
+             _temperature_fix("CO2's MoCo v2 setting: 0.05")),
         ]
 
     def kernel_settings(self) -> KernelSettings:
@@ -98,10 +105,6 @@ class ClassifierSettings(HeadSettings):
         return KernelSettings(temperature=self.temperature, chunk_size=self.chunk_size, form=self.smoothing_form,
                               logits_cache_bytes=self.logits_cache_bytes)
 
-    @property
-    def form(self) -> SmoothingForm:
-        return SmoothingForm(self.smoothing_form)
-
 
 @dataclass(frozen=True)
 class ClassifierConfig(ClassifierSettings):
@@ -119,6 +122,8 @@ class ClassifierConfig(ClassifierSettings):
             mode the feature gradient is multiplied by the classifier group size so that this
             average equals the exact gradient of the global-batch mean loss.  Set False if the
             caller sums backbone gradients instead.
+        field_prefix: what a bad field's error names it by (``objective.`` when an objective's
+            settings built it).
     """
 
     num_classes: int = field(kw_only=True)
@@ -126,11 +131,16 @@ class ClassifierConfig(ClassifierSettings):
     init_seed: int = 0
     validate_inputs: bool = True
     backbone_grads_averaged: bool = True
+    field_prefix: str = field(default="classifier.", kw_only=True, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        raise_first_invalid(self, self.checks(), self.field_prefix)
 
     @classmethod
     def of(cls, settings: ClassifierSettings, **job) -> ClassifierConfig:
         """The classifier configured by an objective's ``settings`` plus the job's fields (``job``)."""
-        return cls(**{f.name: getattr(settings, f.name) for f in fields(ClassifierSettings)}, **job)
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(ClassifierSettings)}, **job,
+                   field_prefix="objective.")
 
     def checks(self) -> list[tuple[bool, str, str]]:
         return [

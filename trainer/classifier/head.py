@@ -42,13 +42,21 @@ class CosineHead:
 
     def loss_sum(self, features: torch.Tensor, weight: torch.Tensor, target_cols: torch.Tensor,
                  target_weights: torch.Tensor, valid: torch.Tensor, rows=None, update_in_backward=None,
-                 check: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+                 check: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 padding_may_be_infinite: bool = False) -> torch.Tensor:
         """``sum over valid columns of (loss + term.weight * term)`` of the group's batch.
 
         ``features``: this rank's un-normalised ``[views * b, D]``; ``weight``, ``target_cols``,
         ``target_weights``, ``rows``, ``update_in_backward``: as in ``sharded_cosine_ce``, over the
         gathered columns; ``valid``: ``[B]`` of the gathered columns; ``check``: applied to the
-        per-sample loss before the sum (e.g. NaN where an id was out of range)."""
+        per-sample loss before the sum (e.g. NaN where an id was out of range).
+
+        A padding column (``valid`` False) adds nothing.  When every column scores its own row,
+        a non-finite value there is a fault the sum must show (a product with the mask keeps
+        the NaN for the trainer's watch); ``padding_may_be_infinite``: a sampled softmax may
+        leave a padding column without its row (an infinite loss), so the sum drops it instead
+        (``sum_over_valid``)."""
+        total = sum_over_valid if padding_may_be_infinite else _masked_sum
         gathered = self.gather(features)
         common = (gathered, weight, target_cols, target_weights, self.settings)
         if self.term is None:
@@ -57,7 +65,12 @@ class CosineHead:
         else:
             per_sample, values = sharded_cosine_ce_with_term(*common, self.term, self.group, self.comm_timer, rows,
                                                              update_in_backward)
-            term_sum = self.term.weight * sum_over_valid(values, valid)
+            term_sum = self.term.weight * total(values, valid)
         if check is not None:
             per_sample = check(per_sample)
-        return sum_over_valid(per_sample, valid) + term_sum
+        return total(per_sample, valid) + term_sum
+
+
+def _masked_sum(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``sum(valid * values)``: equal to ``sum_over_valid`` for finite values, NaN if any is not."""
+    return (values * valid.to(values.dtype)).sum()

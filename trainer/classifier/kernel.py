@@ -10,7 +10,12 @@ Per sample the forward keeps only ``sum_j exp(z_ij)`` and the logits of the K+1 
 form (``trainer.classifier.losses``) turns them into the loss after one MAX and one SUM all-reduce
 (``trainer.classifier.reductions``), and hands back the coefficients of ``dL/dz``, which the
 backward applies chunk by chunk.  The backward recomputes each chunk's logits (4 matmuls per step
-for 3 useful ones) unless ``logits_cache_bytes`` can hold ``exp(z)`` for all scored rows.
+for 3 useful ones) unless ``logits_cache_bytes`` can hold ``exp(z)`` for all scored rows (the
+logits themselves when a term runs).
+
+A ``ChunkTerm`` (``trainer.classifier.chunk_term``) may ride along: it reads every chunk's logits
+in the same pass, adds its per-sample columns to the same two all-reduces and writes its share of
+each chunk's ``dL/dz``; the kernel does not know which term it runs.
 
 No running max: features and rows are unit vectors, so ``|z| <= 1/tau``, and for
 ``1/tau <= MAX_ABS_LOGIT`` every ``exp(z)`` and every sum of them is a normal fp32 number.  That

@@ -35,6 +35,7 @@ from trainer.classifier.validation import check_inputs_on_all_ranks, local_input
 from trainer.parallel.collectives import CommTimer, all_reduce_, gather_rows, group_size
 from trainer.parallel.dims import ParallelDims
 
+_CONFIG_TERM = object()  # ShardedCosineClassifier's default: the term its config chooses
 INIT_BLOCK_ROWS = 65536  # rows drawn from one seeded generator; fixed so W never depends on sharding
 
 
@@ -57,10 +58,11 @@ def gaussian_rows(class_start: int, num_rows: int, dim: int, std: float, seed: i
 class ShardedCosineClassifier(nn.Module):
     """``views``: the layout of the features it is given (one global view when None); a term such
     as CO2 pairs the views of an image through it.  ``term``: the per-sample term fused into the
-    kernel (default: the one ``config`` chooses for ``views``, e.g. CO2 when ``co2_alpha > 0``)."""
+    kernel, None for none (default: the one ``config`` chooses for ``views``, e.g. CO2 when
+    ``co2_alpha > 0``)."""
 
     def __init__(self, config: ClassifierConfig, dims: ParallelDims, views: ViewLayout | None = None,
-                 term: ChunkTerm | None = None) -> None:
+                 term: ChunkTerm | None | object = _CONFIG_TERM) -> None:
         super().__init__()
         self.config = config
         self.dims = dims
@@ -79,8 +81,9 @@ class ShardedCosineClassifier(nn.Module):
         )
         self.weight = nn.Parameter(rows.to(dims.device))
         self.comm_timer = CommTimer()  # time in this classifier's collectives (drained by the trainer)
-        self.head = CosineHead(config.kernel_settings(), self.group, feature_grad_scale,
-                               term or config.term(views or ViewLayout.single()), self.comm_timer)
+        if term is _CONFIG_TERM:
+            term = config.term(views or ViewLayout.single())
+        self.head = CosineHead(config.kernel_settings(), self.group, feature_grad_scale, term, self.comm_timer)
         self.update_in_backward = None
 
     def use_in_backward_sgd(self, lr: float, momentum: float, weight_decay: float):

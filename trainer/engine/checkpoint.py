@@ -2,9 +2,9 @@
 
 Every rank writes into ``step_N.tmp/``; rank 0 writes the manifest and ``trainer.json`` once all
 ranks are done and renames the directory (the layout: ``trainer.engine.checkpoint_files``).
-Entries are saved and loaded in the mapping's order, so one that needs another's restored value
-comes after it (the RNG after the trainer's position), and this module knows none of them by name
-but ``trainer``, whose state is written last, as ``trainer.json``.  A ``DirectoryState`` entry
+Entries are saved and loaded in the mapping's order (so the RNG, restored last, is not drawn
+from afterwards), and this module knows none of them by name but ``trainer``: the trainer's
+position, written last as ``trainer.json`` and loaded first, since others may read it.  A ``DirectoryState`` entry
 writes its own files (the engine: ``trainer.engine.engine_state``; the RNG:
 ``trainer.engine.rng_state``).  Any other entry is a ``Stateful`` whose state each rank writes to
 ``components/NAME/``; tensors in it wrapped in ``ShardedRows`` are re-split by row on load
@@ -130,12 +130,15 @@ def save_component(path: Path, name: str, component: Stateful, dims: ParallelDim
 
 
 def load_checkpoint(path: Path, state: Mapping[str, Stateful | DirectoryState], dims: ParallelDims) -> None:
-    """Collective: every entry of ``state`` restored from the complete checkpoint ``path``, in the
-    mapping's order, into this run's layout (any world size)."""
+    """Collective: every entry of ``state`` restored from the complete checkpoint ``path`` into this
+    run's layout (any world size): the trainer's position first, whatever the mapping's order (other
+    entries may read it), then the others in the mapping's order."""
+    if META_ENTRY in state:
+        state[META_ENTRY].load_state_dict(read_trainer_meta(path))
     for name, entry in state.items():
         if name == META_ENTRY:
-            entry.load_state_dict(read_trainer_meta(path))
-        elif isinstance(entry, DirectoryState):
+            continue
+        if isinstance(entry, DirectoryState):
             entry.load_from(Path(path), dims)
         else:
             load_component(path, name, entry, dims, dims.device)

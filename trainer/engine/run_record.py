@@ -56,20 +56,26 @@ class RunRecord:
         """Throughput is measured from here to the next log step."""
         self._window_start, self._window_images, self._window_wait = time.perf_counter(), 0, 0.0
 
-    def log_step(self, epoch: int, step: int, loss: torch.Tensor, lr: float, objective) -> None:
-        """A log step (a host sync): loss, throughput and data wait since the last one, memory, the objective's metrics."""
+    def close_window(self) -> tuple[float, float]:
+        """``(images/s, data wait)`` since the window started, taken before a log step's syncs."""
+        window = (self._window_images / (time.perf_counter() - self._window_start), self._window_wait)
+        self.start_window()
+        return window
+
+    def log_step(self, epoch: int, step: int, loss: torch.Tensor, lr: float, objective,
+                 window: tuple[float, float]) -> None:
+        """A log step (a host sync): loss, ``window``'s throughput and data wait, memory, the objective's metrics."""
         loss_value = float(loss)
         memory = memory_readings(self.device)
         objective_metrics = self.objective_metrics(objective)
         self.metrics.loss.set(loss_value)
         self.metrics.set_memory(memory)
-        images_per_second = self._window_images / (time.perf_counter() - self._window_start)
+        images_per_second, data_wait = window
         # null, not NaN, for a skipped step's loss: strict JSON readers (jq, log shippers) reject NaN
         self.log.write(event="step", epoch=epoch, step=step, loss=round(loss_value, 5) if math.isfinite(loss_value)
-                       else None, lr=lr, images_per_s=round(images_per_second, 2),
-                       data_wait_s=round(self._window_wait, 4), memory_bytes=memory,
+                       else None, lr=lr, images_per_s=round(images_per_second, 2), data_wait_s=round(data_wait, 4),
+                       memory_bytes=memory,
                        **{f"objective_{name}": round(value, 4) for name, value in objective_metrics.items()})
-        self.start_window()
 
     def epoch_done(self, epoch: int, seconds: float, objective) -> None:
         self.train_seconds += seconds

@@ -24,7 +24,6 @@ from tqdm import tqdm
 
 from data_pipeline.loader import build_loader
 from data_pipeline.manifest import ShardManifest
-from data_pipeline.view_layout import ViewLayout
 from trainer.config import JobConfig
 from trainer.engine.checkpoint import FieldsState, load_checkpoint, save_checkpoint
 from trainer.engine.checkpoint_files import checkpoint_name, resolve_resume_on_rank0
@@ -79,7 +78,7 @@ class Trainer:
 
         # The objective validates its settings against the data before DeepSpeed starts.
         self.skip_nonfinite = config.optim.on_nonfinite == "skip_step"
-        self.views = ViewLayout.of_training(loader_config.augment)  # the loader's, fixed for the job
+        self.views = loader_config.view_layout  # the loader's, fixed for the job
         context = ObjectiveContext(
             dims=dims, num_instances=manifest.num_instances, feature_dim=config.model.feature_dim, seed=config.seed,
             optim=OptimSettings(momentum=config.optim.momentum, weight_decay=config.optim.weight_decay,
@@ -217,9 +216,10 @@ class Trainer:
                                   state.step_in_epoch / self.steps_per_epoch)
             bar.update(1)
             if log_step:
+                window = self.record.close_window()  # the throughput, before the syncs below
                 self.nonfinite.check(dims.control_group, state.global_step, str(self.last_checkpoint or ""))
                 self.record.log_step(epoch, state.global_step, loss, self.schedule.lr_at(state.global_step - 1),
-                                     self.objective)
+                                     self.objective, window)
             every = config.checkpoint.every_steps
             if every and state.global_step % every == 0:
                 self._save()
@@ -263,7 +263,7 @@ class Trainer:
         buffers = self.skipper.before_forward() if self.skip_nonfinite else None
         step = StepViews(views=self._forward_views(batch), instance_ids=batch.instance_ids, valid=batch.valid,
                          global_valid=batch.global_valid, epoch=self.state.epoch, step=self.state.global_step,
-                         validate=validate, global_batch=batch.plan, next_global_batch=batch.next_plan)
+                         validate=validate, plan=batch.plan, next_plan=batch.next_plan)
         out = self.objective.loss(step)
         loss = out.loss
         stop_agreed = None

@@ -23,11 +23,11 @@ A minimal objective (a replicated linear classifier over instance ids)::
             return [self.sgd]
 
         def loss(self, step):  # the mean over the valid samples of the global batch
-            views = len(step.views)
-            logits = self.fc(torch.cat([v.features.float() for v in step.views]))
-            per_sample = F.cross_entropy(logits, step.instance_ids.repeat(views), reduction="none")
-            share = self.context.dims.world_size / (step.global_valid * views)  # gradients are averaged
-            return LossOut((per_sample * step.valid.repeat(views)).sum() * share)
+            layout = self.context.views  # the job's views: [views, b] rows on this rank
+            logits = self.fc(self.stacked_features(step).float())
+            per_sample = F.cross_entropy(logits, layout.per_view(step.instance_ids), reduction="none")
+            share = self.context.dims.world_size / (step.global_valid * layout.num_views)  # gradients are averaged
+            return LossOut(sum_over_valid(per_sample, layout.per_view(step.valid)) * share)
 
         def after_backward(self):
             average_gradients(self.fc.parameters(), self.context.dims)   # it is replicated
@@ -52,7 +52,6 @@ import torch.distributed as dist
 from data_pipeline.augment import AugmentConfig
 from data_pipeline.sampler import StepIndices
 from data_pipeline.view_layout import ViewLayout
-from trainer.checks import raise_first_invalid  # noqa: F401 (objectives check their configs with it)
 from trainer.parallel import ParallelDims
 from trainer.parallel.sharded_state import ShardedRows  # objectives build their state with it
 
@@ -114,10 +113,10 @@ class StepViews:
     ``valid`` is False on padding repeats (the last batch of an epoch): they must contribute
     nothing to the loss or to any update.  ``global_valid`` counts valid samples over all ranks
     (from the sampler, so known without communication).  ``validate`` marks log steps, where
-    checking inputs (a host sync) is allowed.  ``global_batch`` is what the sampler gives every
-    rank this step (host arrays, no communication; the loader's ``Batch.plan``);
-    ``next_global_batch`` the next step's in the sampler's sequence, so an objective can prefetch
-    (None when the caller does not know).  Features are laid out as ``ObjectiveContext.views``."""
+    checking inputs (a host sync) is allowed.  ``plan`` is what the sampler gives every rank this
+    step (host arrays, no communication: the loader's ``Batch.plan``); ``next_plan`` the next
+    step's in the sampler's sequence, so an objective can prefetch (None when the caller does not
+    know).  Features are laid out as ``ObjectiveContext.views``."""
 
     views: list[View]
     instance_ids: torch.Tensor  # [b] int64
@@ -126,8 +125,8 @@ class StepViews:
     epoch: int
     step: int  # global step, 0-based
     validate: bool = False
-    global_batch: StepIndices | None = None
-    next_global_batch: StepIndices | None = None
+    plan: StepIndices | None = None
+    next_plan: StepIndices | None = None
 
 
 @dataclass

@@ -31,7 +31,7 @@ from trainer.objectives.base import LossOut, Objective, ObjectiveConfig, Objecti
 from trainer.parallel.collectives import gather_rows
 
 @dataclass(frozen=True)
-class InstanceConfig(ObjectiveConfig, ClassifierSettings):
+class InstanceConfig(ClassifierSettings, ObjectiveConfig):
     """The classifier's fields are ``ClassifierSettings``' (temperature, chunk_size, mode,
     smoothing_alpha, top_k, smoothing_form, init_std, co2_alpha, co2_temperature,
     logits_cache_bytes), with the paper's smoothing on by default.  Attributes of the method:
@@ -67,8 +67,8 @@ class InstanceObjective(Objective):
         classifier_config = ClassifierConfig.of(config, num_classes=context.num_instances,
                                                 feature_dim=context.feature_dim, init_seed=context.seed,
                                                 validate_inputs=False)
-        self.classifier = ShardedCosineClassifier(classifier_config, context.dims, context.views,
-                                                  config.term(context.views))
+        self.classifier = ShardedCosineClassifier(classifier_config, context.dims,
+                                                  term=config.term(context.views))
         optim = context.optim
         if config.update_in_backward and optim.skips_nonfinite_steps:
             raise ValueError("objective.update_in_backward=true is invalid with optim.on_nonfinite: skip_step: the "

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import ClassVar
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +43,7 @@ ROW_DTYPES = ("float32", "float64")
 
 
 @dataclass(frozen=True)
-class PicConfig(ObjectiveConfig, HeadSettings):
+class PicConfig(HeadSettings, ObjectiveConfig):
     """The head's fields are ``HeadSettings``' (temperature, paper: 0.2; chunk_size: sampled rows
     scored at once; init_std; co2_alpha and co2_temperature: CO2's term over the sampled rows).
     Attributes of the method:
@@ -61,6 +62,7 @@ class PicConfig(ObjectiveConfig, HeadSettings):
 
     name: str = "pic"
     temperature: float = 0.2
+    USUAL_TEMPERATURE: ClassVar[str] = "paper: 0.2"
     negatives: str = "recent"
     queue_size: int = 65536
     row_store: str = "device"
@@ -90,7 +92,7 @@ class _Prefetch:
     future: Future
 
     def serves(self, step: StepViews) -> bool:
-        batch = step.global_batch
+        batch = step.plan
         return self.step == step.step and np.array_equal(self.batch.ids, batch.ids) and \
             np.array_equal(self.batch.valid, batch.valid)
 
@@ -165,7 +167,7 @@ class PicObjective(Objective):
                 for tensor in new[:2]:
                     tensor.record_stream(torch.cuda.current_stream(self.context.dims.device))
         else:
-            sampled, new = self._sampled_ids(step.global_batch), None
+            sampled, new = self._sampled_ids(step.plan), None
         rows = self._local_rows(sampled)
         weight, momentum = self.working.gather(rows, step.step, new)
         self._fetch_seconds += time.perf_counter() - start
@@ -200,20 +202,20 @@ class PicObjective(Objective):
         return [self.optimizer]
 
     def loss(self, step: StepViews) -> LossOut:
-        if step.global_batch is None:
-            raise ValueError("the pic objective needs StepViews.global_batch (the sampler's ids of every rank)")
+        if step.plan is None:
+            raise ValueError("the pic objective needs StepViews.plan (the sampler's ids of every rank)")
         dims = self.context.dims
         rows, weight, momentum = self._rows_for(step)
         self._sampled_rows = rows.size
-        self._next_batch = step.next_global_batch
+        self._next_batch = step.next_plan
         # Only valid ids enter the queue: padding repeats were seen earlier in the epoch.
-        self._pushed_ids = step.global_batch.ids[step.global_batch.valid]
+        self._pushed_ids = step.plan.ids[step.plan.valid]
 
         # The classifier group's batch, in all-gather order.
         layout, size = self.context.views, dims.classifier_parallel_size
         first = (dims.rank // size) * size
-        group_ids = layout.group_columns(step.global_batch.ids, first, size)
-        group_valid = layout.group_columns(step.global_batch.valid, first, size)
+        group_ids = layout.group_columns(step.plan.ids, first, size)
+        group_valid = layout.group_columns(step.plan.valid, first, size)
         if group_ids.size and (group_ids.min() < 0 or group_ids.max() >= self.shard.num_classes):
             # Host ids from the sampler, the same on every rank: all ranks raise together.
             raise ValueError(f"step {step.step}: the sampler gave instance ids outside [0, {self.shard.num_classes}); "
@@ -229,9 +231,9 @@ class PicObjective(Objective):
         self.optimizer.set_pending(weight, momentum, leaf, step.step)
         features = self.stacked_features(step)
         ones = torch.ones(target_cols.shape[0], 1, device=device)
-        loss_sum = self.head.loss_sum(features, leaf, target_cols, ones, valid)
+        loss_sum = self.head.loss_sum(features, leaf, target_cols, ones, valid, padding_may_be_infinite=True)
         replicas = dims.world_size // size
-        return LossOut(loss_sum * (replicas / max(step.global_batch.global_valid * layout.num_views, 1)))
+        return LossOut(loss_sum * (replicas / max(step.plan.global_valid * layout.num_views, 1)))
 
     def after_backward(self) -> None:
         leaf = self.optimizer.pending_leaf

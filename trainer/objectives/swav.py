@@ -30,9 +30,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from trainer.checks import raise_first_invalid
 from trainer.objectives.base import (
     LossOut, Objective, ObjectiveConfig, ObjectiveContext, ShardedRows, StepViews, average_gradients,
-    raise_first_invalid,
 )
 from trainer.objectives.sinkhorn import distributed_sinkhorn
 from trainer.parallel.collectives import CommTimer, all_reduce_
