@@ -19,6 +19,7 @@ from data_pipeline.config import LoaderConfig
 from trainer.config_building import ConfigError, apply_overrides, build_dataclass
 from trainer.models import ModelConfig
 from trainer.objectives import ObjectiveConfig, default_objective_config
+from trainer.parallel.device_choice import DEVICE_CHOICES
 
 __all__ = ["ConfigError", "JobConfig", "apply_overrides", "load_job_config"]
 
@@ -44,11 +45,18 @@ class ParallelSection:
     """Attributes:
     classifier_parallel_size: ranks one sharded classifier spans; a divisor of the world size
         (default: all ranks, the paper's DHP).  Several groups replicate the shards.
+    device: "auto" (the GPU cuda:LOCAL_RANK when CUDA starts, else the CPU), "cuda" (a GPU or a
+        clear error naming the driver and CUDA versions: cluster jobs, so a node whose driver is
+        too old for the wheel never trains on CPU unnoticed) or "cpu".
     """
 
     classifier_parallel_size: int | None = None
+    device: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.device not in DEVICE_CHOICES:
+            raise ConfigError(f"parallel.device={self.device!r} is invalid: use auto (GPU if CUDA starts, else "
+                              "CPU), cuda (GPU or fail) or cpu")
         if self.classifier_parallel_size is not None and self.classifier_parallel_size < 1:
             raise ConfigError(f"parallel.classifier_parallel_size={self.classifier_parallel_size} is invalid: use a "
                               "positive divisor of the world size, or leave it out (all ranks)")

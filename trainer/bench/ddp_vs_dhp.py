@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
 from trainer.bench.memory_cap import apply_memory_cap, is_out_of_memory
+from trainer.bench.point_failure import PointFailure
 from trainer.bench.step_runner import FloatDtype, StepSpec, run_steps
 from trainer.observability.memory import peak_since, reset_peak
 from trainer.parallel import init_distributed
@@ -72,9 +74,17 @@ class SweepSettings:
 
 
 def _point_worker(settings: SweepSettings, mode: str, num_classes: int, result_dir: str) -> None:
-    """Never raises: a failure is recorded so the other ranks' results still come back."""
+    """Never raises: a failure is recorded so the other ranks' results still come back.  A peer's
+    failure ends this rank's part at once (``PointFailure``) instead of at the collective timeout."""
     dims = init_distributed(timeout_s=120)
+    result_file = Path(result_dir, f"rank-{dims.rank:05d}.json")
     result = dict(rank=dims.rank, status="ok", message="")
+
+    def peer_failed(reason: str) -> None:  # on the watcher thread, while this rank is stuck in a collective
+        result_file.write_text(json.dumps(dict(result, status="peer_failed", message=f"another rank failed: {reason}")))
+        os._exit(0)  # the collective this rank waits in never completes; no teardown can join it
+
+    watch = PointFailure(dims.rank, dims.world_size, peer_failed)
     try:
         run_steps(settings.spec(mode, max(16, settings.ranks)), dims)  # warm the runtime up first
         baseline = reset_peak(dims.device)
@@ -84,14 +94,19 @@ def _point_worker(settings: SweepSettings, mode: str, num_classes: int, result_d
         result.update(step_s=stats.step_s, comm_s=stats.comm_s, compute_s=stats.step_s - stats.comm_s,
                       peak_bytes=peak, peak_above_baseline_bytes=above, num_classes_local=stats.num_classes_local)
     except Exception as error:  # noqa: BLE001 - every failure becomes a recorded outcome
-        result.update(status="oom" if is_out_of_memory(error) else "peer_failed", message=str(error)[:300])
-    Path(result_dir, f"rank-{dims.rank:05d}.json").write_text(json.dumps(result))
+        oom = is_out_of_memory(error)
+        result.update(status="oom" if oom else "peer_failed", message=str(error)[:300])
+        watch.report(("out of memory: " if oom else "") + str(error)[:200])
+        result_file.write_text(json.dumps(result))
+        os._exit(0)  # collectives this rank left half-done would block a process group teardown
+    watch.finished()
+    result_file.write_text(json.dumps(result))
 
 
-def run_point(settings: SweepSettings, mode: str, num_classes: int) -> dict:
+def run_point(settings: SweepSettings, mode: str, num_classes: int, worker=_point_worker) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            spawn_local_workers(_point_worker, settings.ranks, settings, mode, num_classes, tmp)
+            spawn_local_workers(worker, settings.ranks, settings, mode, num_classes, tmp)
         except Exception:  # a rank killed outright (no result file) counts as a failed point
             pass
         ranks = [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("rank-*.json"))]

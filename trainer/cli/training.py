@@ -34,7 +34,7 @@ def _run_train(args: argparse.Namespace) -> int:
     from trainer.parallel.host_memory import keep_freed_host_memory
 
     config = load_job_config(args.config, args.overrides)
-    dims = init_distributed(config.parallel.classifier_parallel_size)
+    dims = init_distributed(config.parallel.classifier_parallel_size, device=config.parallel.device)
     keep_freed_host_memory(dims.device)  # CPU ranks: chunk temporaries stop page-faulting
     try:
         result = Trainer(config, dims, resume=args.resume).train()

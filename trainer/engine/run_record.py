@@ -13,6 +13,7 @@ from tqdm import tqdm
 from trainer.observability.logs import JsonlLog, memory_readings
 from trainer.observability.memory import peak_rss_bytes
 from trainer.observability.metrics import TrainingMetrics
+from trainer.observability.what_runs import what_runs_line
 
 
 class RunRecord:
@@ -27,6 +28,11 @@ class RunRecord:
         self.log.write(event="message", message=message)
         if self.rank == 0:
             tqdm.write(f"[instcls] {message}")
+
+    def started(self, facts: dict[str, object]) -> None:
+        """Every rank, once, to its log and its console: a node on the wrong device or library shows at once."""
+        self.log.write(event="start", **facts)
+        tqdm.write(f"[instcls] {what_runs_line(facts)}", file=sys.stderr)
 
     def skipped(self, problems: tuple[str, ...], step: int) -> None:
         """Unreadable samples the loader skipped (``on_bad_sample: skip``): counted and named by every rank."""

@@ -41,6 +41,7 @@ from trainer.models import build_model
 from trainer.objectives import ObjectiveContext, OptimSettings, StepViews, View, build_objective, objective_parameters
 from trainer.observability.logs import JsonlLog
 from trainer.observability.metrics import TrainingMetrics
+from trainer.observability.what_runs import what_runs
 from trainer.parallel import ParallelDims
 
 
@@ -68,6 +69,7 @@ class Trainer:
         self.metrics = TrainingMetrics(dims.rank)
         self.record = RunRecord(self.log, self.metrics, dims.rank, dims.device)
         self._say = self.record.say
+        self.record.started(what_runs(dims))
         if config.logging.metrics_port:  # first, so a taken port stops the job before minutes of set-up
             self.metrics.serve(config.logging.metrics_port + dims.local_rank, config.logging.metrics_bind)
         manifest = ShardManifest.load(config.data.train_shards)

@@ -28,7 +28,7 @@ def random_init_model(config):
 
 def frozen_accuracy(model, config, protocol: str) -> tuple[str, float, int]:
     """(the protocol's name for people, accuracy in [0, 1], this process's rank), all ranks together."""
-    dims = init_distributed()
+    dims = init_distributed(device=config.parallel.device)
     model.to(dims.device)
     bank, bank_labels, queries, query_labels = bank_and_queries(model, config.data, dims)
     if protocol == "knn":

@@ -18,7 +18,7 @@ The sliding-window data order (PIC's Algorithm 3) is the data sampler's job
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import ClassVar
 from pathlib import Path
@@ -37,6 +37,7 @@ from trainer.classifier.sharding import ClassShard
 from trainer.classifier.working_set import WorkingSet
 from trainer.objectives.base import LossOut, Objective, ObjectiveConfig, ObjectiveContext, ShardedRows, StepViews
 from trainer.parallel.collectives import CommTimer, all_reduce_
+from trainer.parallel.device_threads import device_thread_pool
 
 NEGATIVES = ("recent", "all")
 ROW_DTYPES = ("float32", "float64")
@@ -122,7 +123,7 @@ class PicObjective(Objective):
         self.next_step = 0  # the next step to run; a checkpoint brings every row to it
         self._next_batch = None  # the sampler's next global batch, for the prefetch
         self._prefetch: _Prefetch | None = None
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="pic-prefetch") if config.prefetch else None
+        self._pool = device_thread_pool(dims.device, "pic-prefetch") if config.prefetch else None
         self._side_stream = torch.cuda.Stream(dims.device) if config.prefetch and dims.device.type == "cuda" else None
         self._sampled_rows = 0
         self._fetch_seconds = 0.0
@@ -149,7 +150,8 @@ class PicObjective(Objective):
         CUDA event after the main stream's last writes to the store, which the side stream waits for."""
         if self._side_stream is None:
             return self.working.read_store(rows, step)
-        with torch.cuda.stream(self._side_stream):  # copies overlap the main stream's work
+        # Copies overlap the main stream's work; the explicit device keeps the stream restore on this GPU.
+        with torch.cuda.device(self._side_stream.device), torch.cuda.stream(self._side_stream):
             self._side_stream.wait_event(written)
             fetched = self.working.read_store(rows, step)
         self._side_stream.synchronize()

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from trainer.parallel.device_choice import choose_device
+
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -63,11 +65,9 @@ class ParallelDims:
         return dist.group.WORLD if self.is_distributed else None
 
 
-def default_device(local_rank: int) -> torch.device:
-    """``cuda:<local_rank>`` when CUDA is present, else the CPU."""
-    if torch.cuda.is_available():
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
-    return torch.device("cpu")
+def default_device(local_rank: int, requested: str = "auto", local_world_size: int | None = None) -> torch.device:
+    """``cuda:<local_rank>`` when CUDA is present, else the CPU (see ``device_choice``)."""
+    return choose_device(requested, local_rank, local_world_size)
 
 
 def default_backend(device: torch.device) -> str:
@@ -115,15 +115,16 @@ def init_distributed(
     classifier_parallel_size: int | None = None,
     backend: str | None = None,
     timeout_s: float = 600.0,
+    device: str = "auto",
 ) -> ParallelDims:
     """Join the job described by torchrun's environment variables and build the groups.
 
     Without ``WORLD_SIZE`` in the environment this is a single-process run and no process group
     is created.  ``classifier_parallel_size`` defaults to the world size (the classifier is
-    sharded over every rank, the paper's DHP setting).
+    sharded over every rank, the paper's DHP setting).  ``device`` is ``parallel.device``.
     """
     if "WORLD_SIZE" not in os.environ:
-        dims = single_process_dims()
+        dims = single_process_dims(default_device(0, device))
         _check_classifier_size(classifier_parallel_size or 1, 1)
         return dims
 
@@ -139,7 +140,8 @@ def init_distributed(
     classifier_parallel_size = classifier_parallel_size or world_size
     _check_classifier_size(classifier_parallel_size, world_size)
 
-    device = default_device(local_rank)
+    local_world_size = int(os.environ["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in os.environ else None
+    device = default_device(local_rank, device, local_world_size)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = backend or default_backend(device)

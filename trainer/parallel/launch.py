@@ -7,6 +7,9 @@ SIGTERM/SIGINT to it, and exits 0 if the workers reported a completed preemption
 a marker into ``INSTCLS_STOP_MARKER_DIR`` after the collective save finishes), else torchrun's code.
 torchrun's stderr passes through unchanged; when the job fails because its port was taken or the
 rendezvous never completed, one last line says what to change (torchrun's own text is a traceback).
+torchrun SIGKILLs its workers 30 s after forwarding SIGTERM unless told otherwise, far less than a
+checkpoint save of a large job; so the pod's grace period (``INSTCLS_GRACE_PERIOD_S``, set next to
+``terminationGracePeriodSeconds`` in the manifests) becomes torchrun's ``--shutdown-timeout``.
 
 ``spawn_local_workers``: T local processes that look exactly like a torchrun job to the code they
 run; used by the benchmarks (``instcls bench`` spawns its own ranks) and the multi-rank tests.
@@ -73,9 +76,30 @@ def _pass_through(stream, tail: bytearray, keep: int = 1 << 16) -> None:
         del tail[:-keep]
 
 
+GRACE_ENV = "INSTCLS_GRACE_PERIOD_S"
+# Of the pod's grace period, what torchrun's own exit and ours need after the workers are gone:
+# the kubelet SIGKILLs the whole container when the grace period ends.
+SHUTDOWN_MARGIN_S = 30
+
+
+def torchrun_command(torchrun_args: list[str], environ: dict[str, str] | None = None) -> list[str]:
+    """``python -m torch.distributed.run``, with ``--shutdown-timeout`` from the grace period unless given."""
+    environ = os.environ if environ is None else environ
+    command = [sys.executable, "-m", "torch.distributed.run"]
+    given = any(arg.split("=", 1)[0] in ("--shutdown-timeout", "--shutdown_timeout") for arg in torchrun_args)
+    grace = environ.get(GRACE_ENV)
+    if grace is not None and not given:
+        if not grace.isdigit() or int(grace) <= SHUTDOWN_MARGIN_S:
+            raise ValueError(f"{GRACE_ENV}={grace!r} is invalid: set it to the pod's terminationGracePeriodSeconds "
+                             f"(a whole number of seconds above {SHUTDOWN_MARGIN_S}, e.g. 600)")
+        command.append(f"--shutdown-timeout={int(grace) - SHUTDOWN_MARGIN_S}")
+    return command + list(torchrun_args)
+
+
 def launch(torchrun_args: list[str]) -> int:
+    command = torchrun_command(torchrun_args)
     marker_dir = Path(tempfile.mkdtemp(prefix="instcls-stop-"))
-    child = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *torchrun_args],
+    child = subprocess.Popen(command,
                              env=dict(os.environ, **{MARKER_ENV: str(marker_dir)}), stderr=subprocess.PIPE)
     tail = bytearray()
     reader = threading.Thread(target=_pass_through, args=(child.stderr, tail), daemon=True)

@@ -1,0 +1,51 @@
+"""`instcls launch` gives torchrun the pod's grace period as its worker shutdown timeout: left at
+torchrun's 30 s default, a SIGTERM'd job's workers are SIGKILLed in the middle of their checkpoint."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from torch.distributed.run import get_args_parser
+
+from trainer.parallel import launch as launch_module
+from trainer.parallel.launch import GRACE_ENV, torchrun_command
+
+ARGS = ["--nnodes=8", "--nproc-per-node=8", "-m", "trainer.cli", "train", "--config=job.yaml"]
+
+
+def torchrun_settings(command: list[str]):
+    assert command[1:3] == ["-m", "torch.distributed.run"]
+    return get_args_parser().parse_args(command[3:])
+
+
+def test_launch_passes_the_grace_period_minus_a_margin_to_torchrun(monkeypatch):
+    monkeypatch.setenv(GRACE_ENV, "600")
+    started = []
+
+    class FakeTorchrun:
+        def __init__(self, command, env, stderr):
+            started.append(command)
+            self.stderr = open(os.devnull, "rb")
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(launch_module.subprocess, "Popen", FakeTorchrun)
+    assert launch_module.launch(ARGS) == 0
+    (command,) = started
+    settings = torchrun_settings(command)  # torchrun's own parser reads the flag
+    assert settings.shutdown_timeout == 570 and settings.nproc_per_node == "8"
+    assert command[-len(ARGS) + 2:] == ARGS[2:]
+
+
+def test_an_explicit_flag_wins_and_no_grace_period_leaves_torchrun_alone():
+    explicit = torchrun_command(["--shutdown-timeout=100", *ARGS], {GRACE_ENV: "600"})
+    assert torchrun_settings(explicit).shutdown_timeout == 100
+    assert not any("shutdown" in arg for arg in torchrun_command(ARGS, {}))
+
+
+@pytest.mark.parametrize("value", ["10m", "30", ""])
+def test_a_bad_grace_period_names_the_variable_and_the_fix(value):
+    with pytest.raises(ValueError, match=f"{GRACE_ENV}=.* is invalid: set it to the pod's terminationGracePeriodSeconds"):
+        torchrun_command(ARGS, {GRACE_ENV: value})
