@@ -23,9 +23,10 @@ def smoothing_targets(instance_ids, hard_negative_ids, num_classes, alpha):
     return y
 
 
-def reference_loss(features, weight, instance_ids, hard_negative_ids, alpha, temperature, form):
-    """Mean over the batch of Eq. 3 (``form='paper'``) or of -sum y log p (``'soft_target'``)."""
-    x = F.normalize(features.double(), dim=1)
+def reference_loss(features, weight, instance_ids, hard_negative_ids, alpha, temperature, form, unit_features=False):
+    """Mean over the batch of Eq. 3 (``form='paper'``) or of -sum y log p (``'soft_target'``).
+    ``unit_features``: the features are the classifier's (already normalised) input, used as given."""
+    x = features.double() if unit_features else F.normalize(features.double(), dim=1)
     w = F.normalize(weight.double(), dim=1)
     logits = x @ w.t() / temperature
     y = smoothing_targets(instance_ids, hard_negative_ids, weight.shape[0], alpha)
@@ -38,11 +39,11 @@ def reference_loss(features, weight, instance_ids, hard_negative_ids, alpha, tem
     return per_sample.mean()
 
 
-def reference_grads(features, weight, instance_ids, hard_negative_ids, alpha, temperature, form):
+def reference_grads(features, weight, instance_ids, hard_negative_ids, alpha, temperature, form, unit_features=False):
     """``(loss, dL/dfeatures, dL/dweight)`` of ``reference_loss`` in float64."""
     features = features.detach().double().requires_grad_()
     weight = weight.detach().double().requires_grad_()
-    loss = reference_loss(features, weight, instance_ids, hard_negative_ids, alpha, temperature, form)
+    loss = reference_loss(features, weight, instance_ids, hard_negative_ids, alpha, temperature, form, unit_features)
     loss.backward()
     return loss.detach(), features.grad, weight.grad
 

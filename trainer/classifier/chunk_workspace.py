@@ -9,8 +9,10 @@ Logits are laid out ``[rows, B]`` (a chunk's classes along the first dimension):
 gradient ``grad_logits @ features`` then reads them untransposed, which MKL runs ~15% faster than
 the transposed form, and the forward and feature-gradient matmuls are as fast either way.
 
-Matmuls run in the features' dtype (bf16/fp16 allowed) and land in fp32; everything the loss or the
-fp32 weight's gradient accumulates is fp32.
+Matmuls of half-precision features read half-precision operands and sum and write fp32
+(``trainer.classifier.half_matmul``); everything the loss or the fp32 weight's gradient accumulates
+is fp32.  Half-precision features are used exactly as given: the kernel's ``log2(e)/tau`` rides on
+the weight rows' rounding (which happens anyway) instead of a second rounding of the features.
 """
 
 from __future__ import annotations
@@ -19,18 +21,21 @@ import math
 
 import torch
 
+from trainer.classifier.half_matmul import HalfOperands
+
 NORM_EPS = 1e-12  # the epsilon of torch.nn.functional.normalize
 
 
 class ChunkWorkspace:
     def __init__(self, batch: int, chunk_rows: int, dim: int, dtype: torch.dtype, device: torch.device,
-                 gathers_rows: bool = False) -> None:
+                 gathers_rows: bool = False, weight_scale: float = 1.0) -> None:
+        """``weight_scale``: with half-precision features, the factor the logits' weight operand is
+        scaled by (fp32 features carry it themselves)."""
         self.batch, self.dtype, self.device = batch, dtype, device
         self._chunk_rows, self._dim = chunk_rows, dim
         self._lazy: dict[str, torch.Tensor] = {}
-        # Half-precision matmuls write their own dtype first; fp32 ones write the fp32 output directly.
-        low = dtype != torch.float32
-        self._matmul_out = torch.empty(batch * chunk_rows, dtype=dtype, device=device) if low else None
+        self._half = HalfOperands(dtype, device) if dtype != torch.float32 else None
+        self._weight_scale = weight_scale
         self._weight_hat = torch.empty(chunk_rows * dim, device=device)
         self._weight_norm = torch.empty(chunk_rows, device=device)
         # Sampled (non-contiguous) rows of W are gathered here before normalisation.
@@ -55,6 +60,8 @@ class ChunkWorkspace:
     def normalized_rows(self, weight_chunk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(w / |w|, |w|)`` per row in fp32, the norm clamped like ``F.normalize``."""
         rows, dim = weight_chunk.shape
+        if self._half is not None:
+            self._half.new_chunk()  # the buffers below are rewritten: the last chunk's operands go
         norm = torch.linalg.vector_norm(weight_chunk, dim=1, out=self._weight_norm[:rows]).clamp_min_(NORM_EPS)[:, None]
         weight_hat = torch.div(weight_chunk, norm, out=self._weight_hat[: rows * dim].view(rows, dim))
         return weight_hat, norm
@@ -63,21 +70,24 @@ class ChunkWorkspace:
                       shift: torch.Tensor | None = None) -> torch.Tensor:
         """``out = weight_hat @ scaled_features.T - shift[None, :]`` (fp32 ``[rows, B]``); the
         subtraction rides along with the matmul's output write."""
-        if self._matmul_out is None:
+        if self._half is None:
             if shift is None:
                 return torch.mm(weight_hat, scaled_features.t(), out=out)
             return torch.addmm(shift[None, :], weight_hat, scaled_features.t(), beta=-1, out=out)
-        rows, batch = out.shape
-        low = self._matmul_out[: rows * batch].view(rows, batch)
-        torch.mm(weight_hat.to(self.dtype), scaled_features.t(), out=low)
-        return out.copy_(low) if shift is None else torch.sub(low, shift[None, :], out=out)
+        weights = self._half.rounded("scaled_weight_hat", weight_hat, self._weight_scale)
+        self._half.mm(weights, self._half.features(scaled_features).t(), out)
+        return out if shift is None else out.sub_(shift[None, :])
 
     def add_grad_features(self, grad_features: torch.Tensor, grad_logits: torch.Tensor, weight_hat: torch.Tensor) -> None:
         """``grad_features += grad_logits.T @ weight_hat`` (fp32 accumulator)."""
-        if self._matmul_out is None:
+        if self._half is None:
             grad_features.addmm_(grad_logits.t(), weight_hat)
-        else:
-            grad_features += (grad_logits.to(self.dtype).t() @ weight_hat.to(self.dtype)).float()
+            return
+        part = self._lazy.get("grad_features_part")
+        if part is None:
+            part = self._lazy["grad_features_part"] = torch.empty_like(grad_features)
+        grads = self._half.rounded("grad_logits", grad_logits)
+        grad_features += self._half.mm(grads.t(), self._half.rounded("weight_hat", weight_hat), part)
 
     def grad_weight_rows(self, grad_logits: torch.Tensor, features: torch.Tensor, weight_hat: torch.Tensor,
                          norm: torch.Tensor, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -87,10 +97,11 @@ class ChunkWorkspace:
         rows, dim = weight_hat.shape
         if out is None:
             out = self._buffer("grad_weight_hat", self._dim)[: rows * dim].view(rows, dim)
-        if self._matmul_out is None:
+        if self._half is None:
             grad_weight_hat = torch.mm(grad_logits, features, out=out)
         else:
-            grad_weight_hat = out.copy_(grad_logits.to(self.dtype) @ features)
+            grads = self._half.rounded("grad_logits", grad_logits)
+            grad_weight_hat = self._half.mm(grads, self._half.features(features), out)
         # Backward of w / |w|: remove the radial component, divide by the norm (and the scale).
         products = torch.mul(grad_weight_hat, weight_hat, out=self._buffer("products", self._dim)[: rows * dim].view(rows, dim))
         radial = torch.sum(products, dim=1, out=self._buffer("radial", 1)[:rows])

@@ -116,6 +116,16 @@ class _TargetsByChunk:
         return (self.row if rows == self.chunk_size else self.row.clamp(max=rows - 1)), inside
 
 
+def _scales(settings: KernelSettings, dtype: torch.dtype) -> tuple[float, float]:
+    """``(feature scale, weight scale)``, whose product ``log2(e)/tau`` turns cosines into base-2
+    logits.  fp32 features take it all, once per pass.  Half-precision features are left exactly
+    as given (rounding ``x log2(e)/tau`` again to bf16 would cost as much precision as the fp32
+    matmul output saves): the scale rides on the weight rows' rounding to the half dtype, which
+    each chunk does anyway (``trainer.classifier.half_matmul``)."""
+    scale = LOG2_E / settings.temperature
+    return (scale, 1.0) if dtype == torch.float32 else (1.0, scale)
+
+
 def _cache_for(cache_budget: int, batch: int, scored: ScoredRows, device) -> LogitsCache | None:
     if 0 < LogitsCache.size_bytes(batch, scored.count) <= cache_budget:
         return LogitsCache(batch, scored.count, device)
@@ -139,7 +149,8 @@ def _forward_chunks(scaled_features, weight, scored: ScoredRows, target_cols, se
     target_logits = torch.zeros(target_cols.shape[::-1], device=device)  # [K+1, B]
     cache = _cache_for(cache_budget, batch, scored, device)
     workspace = ChunkWorkspace(batch, min(settings.chunk_size, scored.count), weight.shape[1], scaled_features.dtype,
-                               device, gathers_rows=scored.indices is not None)
+                               device, gathers_rows=scored.indices is not None,
+                               weight_scale=_scales(settings, scaled_features.dtype)[1])
     targets = _TargetsByChunk(target_cols, settings.chunk_size)
     term_pass = None if term is None else term.start_forward(_kernel_pass(batch, ranks, scored, targets, settings))
     for start, end in scored.chunks(settings.chunk_size):
@@ -160,8 +171,10 @@ class _ShardedCosineCE(torch.autograd.Function):
     def forward(ctx, features, weight, target_cols, target_weights, settings: KernelSettings, group: Group,
                 timer: CommTimer | None, scored: ScoredRows, update_in_backward, cache_budget: int,
                 term: ChunkTerm | None):
-        # log2(e)/tau is folded into the features once instead of scaling every chunk's logits.
-        scaled_features = (features.float() * (LOG2_E / settings.temperature)).to(features.dtype)
+        # log2(e)/tau is folded into fp32 features once instead of scaling every chunk's logits
+        # (half-precision features stay as given, see _scales).
+        feature_scale = _scales(settings, features.dtype)[0]
+        scaled_features = features * feature_scale if feature_scale != 1.0 else features
         ranks = group_size(group)
         sum_exp, target_logits_base2, cache, term_pass = _forward_chunks(
             scaled_features, weight, scored, target_cols, settings, cache_budget, term, ranks
@@ -219,8 +232,9 @@ def _backward_chunks(scaled_features, weight, target_cols, row_scale, log_normal
     if update is None:
         covers_all = scored.indices is None and scored.count == weight.shape[0]
         grad_weight = torch.empty_like(weight) if covers_all else torch.zeros_like(weight)
+    feature_scale, weight_scale = _scales(settings, scaled_features.dtype)
     workspace = ChunkWorkspace(batch, min(settings.chunk_size, scored.count), dim, scaled_features.dtype, device,
-                               gathers_rows=scored.indices is not None)
+                               gathers_rows=scored.indices is not None, weight_scale=weight_scale)
     signs, signed_features = None, scaled_features
     # A cache of exp(z) is rescaled per column; a term needs the logits themselves.
     scales_cache = cache is not None and term_backward is None
@@ -256,7 +270,9 @@ def _backward_chunks(scaled_features, weight, target_cols, row_scale, log_normal
         rows = scored.rows_of(start, end)
         # Contiguous rows of a full gradient are written in place by the matmul.
         direct = grad_weight[rows] if grad_weight is not None and isinstance(rows, slice) else None
-        grad_rows = workspace.grad_weight_rows(grad_logits, signed_features, weight_hat, norm, LOG2_E, out=direct)
+        # z = w_hat . signed_features / (feature_scale tau)
+        grad_rows = workspace.grad_weight_rows(grad_logits, signed_features, weight_hat, norm,
+                                               feature_scale * settings.temperature, out=direct)
         if update is not None:
             update.apply_rows(rows, grad_rows)  # later chunks never read these rows
         elif direct is None:

@@ -24,6 +24,15 @@ def load_deepspeed_config(path: Path, micro_batch: int) -> dict:
     stage = config.get("zero_optimization", {}).get("stage", 0)
     if stage not in (0, 1, 2, 3):
         raise ConfigError(f"{path}: zero_optimization.stage={stage!r} is invalid; use 0, 1, 2 or 3")
+    for section in ("fp16", "amp"):
+        if config.get(section, {}).get("enabled", False):
+            # fp16 runs a dynamic loss scale over the whole loss: it would scale the classifier
+            # weight's gradient too (stepped by the objective's own optimizer, outside ZeRO), which
+            # nothing unscales; and fp16 logits/features overflow where bf16 ones do not.
+            raise ConfigError(f"{path}: {section}.enabled is true, but fp16 training is not supported (its loss "
+                              f"scale would also scale the classifier's gradient, which no objective unscales); "
+                              f'use bf16: set "{section}": {{"enabled": false}} and "bf16": {{"enabled": true}}, '
+                              f"as in ds_configs/zero{stage}_bf16.json")
     if config.get("gradient_accumulation_steps", 1) != 1:
         raise ConfigError(f"{path}: gradient_accumulation_steps must be 1 (the classifier steps every batch)")
     config["train_micro_batch_size_per_gpu"] = micro_batch
@@ -52,6 +61,9 @@ def initialize_backbone(model: nn.Module, ds_config: dict, lr: float, momentum: 
 
 
 def engine_dtype(engine) -> torch.dtype:
+    """The backbone's compute dtype; fp16 engines are refused by ``load_deepspeed_config``."""
+    if engine.fp16_enabled():
+        raise ConfigError("the DeepSpeed engine runs fp16, which is not supported: enable bf16 in its config instead")
     return torch.bfloat16 if engine.bfloat16_enabled() else torch.float32
 
 

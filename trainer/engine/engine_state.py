@@ -1,7 +1,8 @@
 """The DeepSpeed engine (backbone + head and its optimizer) as a checkpoint entry.
 
 DeepSpeed writes its own files (``deepspeed/``, every rank), so the engine is a
-``DirectoryState``; next to them rank 0 writes ``model.pt`` (the consolidated fp32 weights) and
+``DirectoryState``; next to them rank 0 writes ``model.pt`` (the consolidated fp32 weights: DeepSpeed's
+fp32 master copy where it keeps one, never the bf16 module copy) and
 ``optimizer.pt`` (the optimizer's state by parameter name, whole).  With the same world size the
 DeepSpeed state restores the backbone exactly; with another, the weights come from ``model.pt``
 and the optimizer state (SGD's momentum) from ``optimizer.pt``, put into the new ZeRO
@@ -17,7 +18,8 @@ import torch
 
 from trainer.engine.checkpoint_files import MODEL_FILE, load_model_weights, read_trainer_meta
 from trainer.engine.failpoints import fail_point
-from trainer.engine.optimizer_state import full_optimizer_state, load_full_optimizer_state, load_master_weights
+from trainer.engine.optimizer_state import (full_master_weights, full_optimizer_state, load_full_optimizer_state,
+                                           load_master_weights)
 from trainer.engine.safe_load import load_data, refuse_pickled_code
 from trainer.parallel import ParallelDims
 
@@ -37,11 +39,14 @@ class EngineState:
         fail_point("checkpoint.before_engine", step)
         engine.save_checkpoint(str(path / DEEPSPEED_FOLDER), tag="state", save_latest=False)
         fail_point("checkpoint.after_engine", step)
+        # The fp32 masters (collective under ZeRO); the module gives buffers and the parameters
+        # DeepSpeed keeps no master of (stage 0 in fp32).
+        masters = full_master_weights(engine, keep=dims.rank == 0)
         parameters = list(engine.module.parameters())
         with deepspeed.zero.GatheredParameters(parameters, modifier_rank=None):  # no-op below ZeRO-3
             if dims.rank == 0:
                 full = {k: v.detach().float().cpu().clone() for k, v in engine.module.state_dict().items()}
-                torch.save(full, path / MODEL_FILE)
+                torch.save({**full, **masters}, path / MODEL_FILE)
         optimizer_state = full_optimizer_state(engine, keep=dims.rank == 0)  # collective under ZeRO
         if dims.rank == 0:
             torch.save(optimizer_state, path / OPTIMIZER_FILE)

@@ -21,7 +21,8 @@ under ZeRO and are not per parameter.
 from __future__ import annotations
 
 import torch
-from deepspeed.utils import safe_get_full_optimizer_state, safe_set_full_fp32_param, safe_set_full_optimizer_state
+from deepspeed.utils import (safe_get_full_fp32_param, safe_get_full_optimizer_state, safe_set_full_fp32_param,
+                             safe_set_full_optimizer_state)
 
 # Per-parameter tensors of the torch optimizers a backbone may use, in a fixed order so that every
 # rank issues the same collectives.
@@ -62,6 +63,21 @@ def full_optimizer_state(engine, keep: bool = True) -> dict[str, dict[str, torch
             if value is not None and keep:
                 state.setdefault(name, {})[key] = value.detach().float().cpu().clone()
     return state
+
+
+def full_master_weights(engine, keep: bool = True) -> dict[str, torch.Tensor]:
+    """``{parameter name: full fp32 master weight on the CPU}`` of every parameter DeepSpeed owns.
+
+    Under a bf16 config the module holds bf16 copies, rounded from these at every step: a
+    checkpoint of the module's weights would resume (on another world size) from rounded masters.
+    Collective under ZeRO like ``full_optimizer_state``; ``keep`` False ranks get ``{}``."""
+    weights: dict[str, torch.Tensor] = {}
+    for name, parameter in engine.module.named_parameters():
+        if _partitioned(parameter):
+            value = safe_get_full_fp32_param(parameter)
+            if keep:
+                weights[name] = value.detach().float().cpu().clone()
+    return weights
 
 
 # Where DeepSpeed keeps its flat fp32 partitions, whose optimizer state the parameters map into.

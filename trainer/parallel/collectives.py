@@ -119,7 +119,12 @@ class _AllGatherRows(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
-        return reduce_scatter_rows(grad_output, ctx.group, ctx.timer), None, None
+        # NCCL and gloo sum in the tensor's dtype: a bf16 gradient summed over 64 ranks would be
+        # rounded at every hop of the ring.  Summed in fp32 it is rounded once, back to the
+        # features' dtype.  The features' gradient is [B, D] (a few MB), so twice the bytes cost
+        # nothing next to the backbone's own gradient reduction.
+        summed = reduce_scatter_rows(grad_output.float(), ctx.group, ctx.timer)
+        return summed.to(grad_output.dtype), None, None
 
 
 class _ScaleGrad(torch.autograd.Function):

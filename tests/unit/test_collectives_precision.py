@@ -1,0 +1,40 @@
+"""The features' all-gather backward sums half-precision gradients over the ranks in fp32.
+
+No process group is needed: the collectives are replaced by a fake 64-rank group whose
+reduce-scatter sums the ranks' contributions one hop at a time *in the dtype it is handed*, as the
+NCCL and gloo rings do.  Summing bf16 gradients in bf16 rounds 63 times; in fp32 the sum of 64 bf16
+numbers of similar magnitude is exact, so the gradient is the float64 sum rounded once to bf16.
+"""
+
+import torch
+import torch.distributed as dist
+
+from trainer.parallel import collectives
+
+WORLD, ROWS, DIM = 64, 3, 16
+
+
+def test_all_gather_backward_reduces_bf16_gradients_in_fp32(monkeypatch):
+    generator = torch.Generator().manual_seed(0)
+    # What every rank computed for rank 0's rows (the block this rank gets back).
+    contributions = torch.randn(WORLD, ROWS, DIM, generator=generator).to(torch.bfloat16)
+    seen_dtypes = []
+
+    def reduce_scatter_single(out, tensor, group=None):
+        seen_dtypes.append(tensor.dtype)
+        total = torch.zeros(ROWS, DIM, dtype=tensor.dtype)
+        for contribution in contributions:  # one ring hop per rank, in the handed dtype
+            total += contribution.to(tensor.dtype)
+        out.copy_(total)
+
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: WORLD)
+    monkeypatch.setattr(dist, "all_gather_single", lambda out, tensor, group=None: out.copy_(tensor.repeat(WORLD, 1)))
+    monkeypatch.setattr(dist, "reduce_scatter_single", reduce_scatter_single)
+
+    features = torch.zeros(ROWS, DIM, dtype=torch.bfloat16, requires_grad=True)
+    gathered = collectives.all_gather_rows_with_grad(features, group=object())
+    gathered.backward(torch.zeros_like(gathered))  # the fake ignores the local values
+
+    exact = contributions.double().sum(dim=0)
+    assert torch.equal(features.grad, exact.to(torch.bfloat16)), "the sum is rounded once, to bf16"
+    assert seen_dtypes == [torch.float32] and features.grad.dtype == torch.bfloat16
