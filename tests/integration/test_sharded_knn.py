@@ -158,3 +158,44 @@ def test_subset_sampler_reads_every_chosen_id_once(world_size):
         plan = sampler.step(0, step)
         read.extend(plan.ids[plan.valid].tolist())
     assert sorted(read) == ids.tolist() and len(read) == len(ids)
+
+
+def _extract_shares(config_path, shards, out_dir):
+    """Each rank's bank rows through the real loader: the whole held-out set, then a subset of the
+    training set; ids written for the parent to compare across ranks."""
+    from trainer.config import load_job_config
+    from trainer.evaluation.features import bank_sampler, extract_local_features
+    from trainer.models import build_model
+
+    dims = init_distributed()
+    config = load_job_config(config_path, [f"data.train_shards={shards['train']}", "data.loader.batch_size=32",
+                                           "eval.bank_samples=150", "eval.bank_subset_seed=3", "data.loader.num_threads=1"])
+    torch.manual_seed(0)
+    model = build_model(config.model)
+    whole = extract_local_features(model, shards["val"], config.data.loader, dims, torch.float16)
+    sampler = bank_sampler(shards["train"], config.eval, dims, config.data.loader.batch_size)
+    subset = extract_local_features(model, shards["train"], config.data.loader, dims, sampler=sampler)
+    assert whole.features.dtype == torch.float16 and subset.features.dtype == torch.float32
+    torch.save({"whole": whole.ids, "whole_labels": whole.labels, "subset": subset.ids,
+                "subset_rows": subset.features.shape[0], "chosen": torch.from_numpy(sampler.ids)},
+               out_dir / f"rank-{dims.rank}.pt")
+
+
+def test_each_rank_keeps_only_its_share_of_the_bank(digits_split, tmp_path):
+    from data_pipeline.sample_table import sample_table
+    from tests.integration.conftest import REPO
+
+    world = 2
+    spawn_local_workers(_extract_shares, world, REPO / "configs/digits_cpu.yaml", digits_split, tmp_path)
+    shares = [torch.load(tmp_path / f"rank-{rank}.pt") for rank in range(world)]
+    held_out = sample_table(digits_split["val"]).num_samples
+    steps = -(-held_out // (world * 32))
+    for share in shares:  # about N/T rows: at most one batch more, never the padding repeats
+        assert len(share["whole"]) <= steps * 32 and len(share["whole"]) < held_out
+        assert torch.all(share["whole"][1:] > share["whole"][:-1]) and torch.all(share["whole_labels"] >= 0)
+    assert sorted(torch.cat([s["whole"] for s in shares]).tolist()) == list(range(held_out)), "each id once"
+
+    chosen = bank_subset_ids(sample_table(digits_split["train"]).num_samples, 150, seed=3)
+    assert all(s["chosen"].tolist() == chosen.tolist() for s in shares), "every rank reads the same subset"
+    assert sorted(torch.cat([s["subset"] for s in shares]).tolist()) == chosen.tolist()
+    assert all(s["subset_rows"] == len(s["subset"]) <= 96 for s in shares)  # 150 over 2 ranks of 32-row steps
