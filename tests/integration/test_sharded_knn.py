@@ -199,3 +199,11 @@ def test_each_rank_keeps_only_its_share_of_the_bank(digits_split, tmp_path):
     assert all(s["chosen"].tolist() == chosen.tolist() for s in shares), "every rank reads the same subset"
     assert sorted(torch.cat([s["subset"] for s in shares]).tolist()) == chosen.tolist()
     assert all(s["subset_rows"] == len(s["subset"]) <= 96 for s in shares)  # 150 over 2 ranks of 32-row steps
+
+
+@pytest.mark.parametrize("field, value", [("bank_dtype", "bfloat16"), ("bank_samples", 0), ("bank_subset_seed", -1)])
+def test_bank_settings_are_checked_naming_the_field(field, value):
+    from trainer.config import ConfigError, EvalSection
+
+    with pytest.raises(ConfigError, match=f"eval.{field}={value!r}"):
+        EvalSection(**{field: value})
