@@ -169,7 +169,8 @@ def _extract_shares(config_path, shards, out_dir):
 
     dims = init_distributed()
     config = load_job_config(config_path, [f"data.train_shards={shards['train']}", "data.loader.batch_size=32",
-                                           "eval.bank_samples=150", "eval.bank_subset_seed=3", "data.loader.num_threads=1"])
+                                           "eval.bank_samples=150", "eval.bank_subset_seed=3",
+                                           "data.loader.num_threads=1"])
     torch.manual_seed(0)
     model = build_model(config.model)
     whole = extract_local_features(model, shards["val"], config.data.loader, dims, torch.float16)

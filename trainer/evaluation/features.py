@@ -72,7 +72,8 @@ def bank_sampler(shard_dir: Path, eval_section, dims: ParallelDims, batch_size: 
     return SubsetSampler(ids, dims.world_size, batch_size)
 
 
-def bank_and_queries(model: InstanceModel, data, eval_section, dims: ParallelDims) -> tuple[LocalFeatures, LocalFeatures]:
+def bank_and_queries(model: InstanceModel, data, eval_section,
+                     dims: ParallelDims) -> tuple[LocalFeatures, LocalFeatures]:
     """``(bank, queries)``, this rank's rows of each, for frozen-feature evaluation of ``data`` (a
     ``DataSection``): the bank is ``knn_bank_shards`` (default: the training shards; only
     ``eval.bank_samples`` of them when set), stored in ``eval.bank_dtype``; the queries are the
@@ -84,7 +85,8 @@ def bank_and_queries(model: InstanceModel, data, eval_section, dims: ParallelDim
     return bank, queries
 
 
-def gather_to_host(local: LocalFeatures, dims: ParallelDims, block_rows: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_to_host(local: LocalFeatures, dims: ParallelDims,
+                   block_rows: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
     """Collective: ``(features [N, F] float32, labels [N])`` of every rank's rows on every rank's CPU,
     sorted by id.  Needs the whole set in host memory (the linear probe's input); moved through
     the device ``block_rows`` rows at a time, each block written to its place in one buffer."""
