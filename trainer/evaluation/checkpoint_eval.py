@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainer.engine.rng_state import reseed
-from trainer.evaluation.features import bank_and_queries
-from trainer.evaluation.knn import knn_accuracy
+from trainer.evaluation.features import bank_and_queries, gather_to_host
+from trainer.evaluation.knn import sharded_knn_accuracy
 from trainer.evaluation.linear import linear_probe_accuracy
+from trainer.evaluation.sharded_knn import knn_bank_shard
 from trainer.models import build_model
 from trainer.parallel import init_distributed
 
@@ -30,10 +31,16 @@ def frozen_accuracy(model, config, protocol: str) -> tuple[str, float, int]:
     """(the protocol's name for people, accuracy in [0, 1], this process's rank), all ranks together."""
     dims = init_distributed(device=config.parallel.device)
     model.to(dims.device)
-    bank, bank_labels, queries, query_labels = bank_and_queries(model, config.data, dims)
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"eval protocol {protocol!r} is unknown: choose one of {', '.join(PROTOCOLS)}")
+    bank, queries = bank_and_queries(model, config.data, config.eval, dims)
+    group = dims.data_parallel_group
     if protocol == "knn":
-        accuracy = knn_accuracy(bank, bank_labels, queries, query_labels, config.eval.knn_k, config.eval.knn_temperature)
+        shard = knn_bank_shard(bank.features, bank.labels, bank.ids, group)
+        accuracy = sharded_knn_accuracy(shard, queries.features, queries.labels, config.eval.knn_k,
+                                        config.eval.knn_temperature, group)
         return f"kNN (k={config.eval.knn_k}, cosine)", accuracy, dims.rank
-    if protocol == "linear":
-        return "linear probe", linear_probe_accuracy(bank, bank_labels, queries, query_labels), dims.rank
-    raise ValueError(f"eval protocol {protocol!r} is unknown: choose one of {', '.join(PROTOCOLS)}")
+    # the probe needs the whole bank in one process: gathered to every rank's host memory
+    bank_features, bank_labels = gather_to_host(bank, dims)
+    query_features, query_labels = gather_to_host(queries, dims)
+    return "linear probe", linear_probe_accuracy(bank_features, bank_labels, query_features, query_labels), dims.rank

@@ -1,43 +1,104 @@
-"""Backbone features of a whole labelled shard set, gathered on every rank in id order."""
+"""Backbone features of a labelled shard set, each rank keeping the rows of the samples it extracted.
+
+Nothing here gathers a whole bank: at ImageNet-21K scale that is 14.2M x 2048 x 4 B per rank.
+``gather_to_host`` does, for the linear probe only, which needs every feature in one process.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from data_pipeline.config import LoaderConfig
 from data_pipeline.loader import build_loader
+from data_pipeline.sample_table import sample_table
+from data_pipeline.sampler import Sampler
+from trainer.evaluation.bank_subset import SubsetSampler, bank_subset_ids
 from trainer.models.backbone import InstanceModel
 from trainer.parallel import ParallelDims
-from trainer.parallel.collectives import gather_rows
+from trainer.parallel.collectives import gather_rows, gather_uneven_rows
+
+BANK_DTYPES = {"float32": torch.float32, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class LocalFeatures:
+    """The samples this rank extracted, each once (padding repeats left out), ids ascending:
+    ``features [n, F]`` in the dtype asked for, ``labels`` and ``ids`` ``[n]`` int64, all on the rank's device."""
+
+    features: torch.Tensor
+    labels: torch.Tensor
+    ids: torch.Tensor
 
 
 @torch.no_grad()
-def extract_features(
-    model: InstanceModel, shard_dir: Path, loader_config: LoaderConfig, dims: ParallelDims
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(features [N, F] fp32 on CPU, labels [N])`` for every instance, rows sorted by id.
+def extract_local_features(model: InstanceModel, shard_dir: Path, loader_config: LoaderConfig, dims: ParallelDims,
+                           dtype: torch.dtype = torch.float32, sampler: Sampler | None = None) -> LocalFeatures:
+    """This rank's share of ``shard_dir`` (all of it, or ``sampler``'s ids) through the inference
+    pipeline (resize + centre crop), BatchNorm in eval mode.
 
-    Uses the inference pipeline (resize + centre crop) and BatchNorm in eval mode.
+    Rows are written into one buffer sized for this rank's steps (about N/T + one batch), not
+    concatenated at the end, so the peak is the shard itself, not twice it.
     """
     model.eval()
-    loader = build_loader(shard_dir, loader_config, dims.rank, dims.world_size, dims.device, train=False)
-    features, labels, ids = [], [], []
+    loader = build_loader(shard_dir, loader_config, dims.rank, dims.world_size, dims.device, train=False,
+                          sampler=sampler)
+    capacity = len(loader) * loader_config.batch_size
+    features = None
+    labels = torch.empty(capacity, dtype=torch.int64, device=dims.device)
+    ids = torch.empty(capacity, dtype=torch.int64, device=dims.device)
+    filled = 0
     for batch in loader.epoch_batches(0):
-        group = dims.data_parallel_group
-        valid = gather_rows(batch.valid, group).cpu()
-        features.append(gather_rows(model.backbone_features(batch.views[0]).float(), group).cpu()[valid])
-        labels.append(gather_rows(batch.labels, group).cpu()[valid])
-        ids.append(gather_rows(batch.instance_ids, group).cpu()[valid])
-    order = torch.cat(ids).argsort()
-    return torch.cat(features)[order], torch.cat(labels)[order]
+        rows = model.backbone_features(batch.views[0])
+        if features is None:
+            features = torch.empty((capacity, rows.shape[1]), dtype=dtype, device=dims.device)
+        valid = batch.valid.nonzero().squeeze(1)
+        end = filled + valid.numel()
+        features[filled:end] = rows[valid]
+        labels[filled:end] = batch.labels[valid]
+        ids[filled:end] = batch.instance_ids[valid]
+        filled = end
+    return LocalFeatures(features[:filled], labels[:filled], ids[:filled])
 
 
-def bank_and_queries(model: InstanceModel, data, dims: ParallelDims):
-    """``(bank, bank_labels, queries, query_labels)`` for frozen-feature evaluation of ``data`` (a
-    ``DataSection``): the bank is ``knn_bank_shards`` (default: the training shards), the queries
-    the held-out ``eval_shards``."""
-    bank, bank_labels = extract_features(model, data.knn_bank_shards or data.train_shards, data.loader, dims)
-    queries, query_labels = extract_features(model, data.eval_shards, data.loader, dims)
-    return bank, bank_labels, queries, query_labels
+def bank_sampler(shard_dir: Path, eval_section, dims: ParallelDims, batch_size: int) -> Sampler | None:
+    """The sampler of ``eval.bank_samples``'s fixed subset, or None for the whole shard set."""
+    if eval_section.bank_samples is None:
+        return None
+    ids = bank_subset_ids(sample_table(Path(shard_dir)).num_samples, eval_section.bank_samples,
+                          eval_section.bank_subset_seed)
+    return SubsetSampler(ids, dims.world_size, batch_size)
+
+
+def bank_and_queries(model: InstanceModel, data, eval_section,
+                     dims: ParallelDims) -> tuple[LocalFeatures, LocalFeatures]:
+    """``(bank, queries)``, this rank's rows of each, for frozen-feature evaluation of ``data`` (a
+    ``DataSection``): the bank is ``knn_bank_shards`` (default: the training shards; only
+    ``eval.bank_samples`` of them when set), stored in ``eval.bank_dtype``; the queries are the
+    held-out ``eval_shards``, in float32."""
+    bank_dir = data.knn_bank_shards or data.train_shards
+    sampler = bank_sampler(bank_dir, eval_section, dims, data.loader.batch_size)
+    bank = extract_local_features(model, bank_dir, data.loader, dims, BANK_DTYPES[eval_section.bank_dtype], sampler)
+    queries = extract_local_features(model, data.eval_shards, data.loader, dims)
+    return bank, queries
+
+
+def gather_to_host(local: LocalFeatures, dims: ParallelDims,
+                   block_rows: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
+    """Collective: ``(features [N, F] float32, labels [N])`` of every rank's rows on every rank's CPU,
+    sorted by id.  Needs the whole set in host memory (the linear probe's input); moved through
+    the device ``block_rows`` rows at a time, each block written to its place in one buffer."""
+    group = dims.data_parallel_group
+    all_ids = gather_uneven_rows(local.ids, group).cpu()
+    sorted_ids = all_ids.sort().values
+    features = torch.empty((len(all_ids), local.features.shape[1]), dtype=torch.float32)
+    labels = torch.empty(len(all_ids), dtype=torch.int64)
+    most_rows = int(gather_rows(torch.tensor([len(local.ids)], device=local.ids.device), group).max())
+    for start in range(0, most_rows, block_rows):  # the same number of rounds on every rank
+        block = slice(start, start + block_rows)
+        places = torch.searchsorted(sorted_ids, gather_uneven_rows(local.ids[block], group).cpu())
+        features[places] = gather_uneven_rows(local.features[block], group).cpu().float()
+        labels[places] = gather_uneven_rows(local.labels[block], group).cpu()
+    return features, labels

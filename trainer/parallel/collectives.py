@@ -152,3 +152,20 @@ def scale_grad(tensor: torch.Tensor, factor: float) -> torch.Tensor:
     if factor == 1:
         return tensor
     return _ScaleGrad.apply(tensor, factor)
+
+
+def gather_uneven_rows(tensor: torch.Tensor, group: Group) -> torch.Tensor:
+    """``gather_rows`` for ranks holding different numbers of rows (evaluation features after the
+    padding repeats are dropped): every rank's rows in rank order, on every rank.
+
+    The collective needs one shape everywhere, so each rank pads to the largest count, and the
+    padding is cut out of the result.
+    """
+    if group_size(group) == 1:
+        return tensor
+    counts = gather_rows(torch.tensor([tensor.shape[0]], device=tensor.device), group).tolist()
+    largest = max(counts)
+    padded = tensor.new_zeros((largest, *tensor.shape[1:]))
+    padded[: tensor.shape[0]] = tensor
+    gathered = gather_rows(padded, group)
+    return torch.cat([gathered[rank * largest : rank * largest + count] for rank, count in enumerate(counts)])
