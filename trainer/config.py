@@ -44,14 +44,21 @@ class ParallelSection:
     """Attributes:
     classifier_parallel_size: ranks one sharded classifier spans; a divisor of the world size
         (default: all ranks, the paper's DHP).  Several groups replicate the shards.
+    deterministic: run every kernel deterministically (``torch.use_deterministic_algorithms``,
+        a fixed cuBLAS workspace, no cuDNN autotuning), so that a resumed run is bit-identical to
+        an uninterrupted one on GPU hosts too (CPU kernels already are).  Slower on CUDA, and an op
+        without a deterministic kernel raises instead of running; off by default.
     """
 
     classifier_parallel_size: int | None = None
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         if self.classifier_parallel_size is not None and self.classifier_parallel_size < 1:
             raise ConfigError(f"parallel.classifier_parallel_size={self.classifier_parallel_size} is invalid: use a "
                               "positive divisor of the world size, or leave it out (all ranks)")
+        if not isinstance(self.deterministic, bool):
+            raise ConfigError(f"parallel.deterministic={self.deterministic!r} is invalid: use true or false")
 
 
 @dataclass(frozen=True)
