@@ -48,10 +48,15 @@ class ParallelSection:
     device: "auto" (the GPU cuda:LOCAL_RANK when CUDA starts, else the CPU), "cuda" (a GPU or a
         clear error naming the driver and CUDA versions: cluster jobs, so a node whose driver is
         too old for the wheel never trains on CPU unnoticed) or "cpu".
+    deterministic: run every kernel deterministically (``torch.use_deterministic_algorithms``,
+        a fixed cuBLAS workspace, no cuDNN autotuning), so that a resumed run is bit-identical to
+        an uninterrupted one on GPU hosts too (CPU kernels already are).  Slower on CUDA, and an op
+        without a deterministic kernel raises instead of running; off by default.
     """
 
     classifier_parallel_size: int | None = None
     device: str = "auto"
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         if self.device not in DEVICE_CHOICES:
@@ -60,6 +65,8 @@ class ParallelSection:
         if self.classifier_parallel_size is not None and self.classifier_parallel_size < 1:
             raise ConfigError(f"parallel.classifier_parallel_size={self.classifier_parallel_size} is invalid: use a "
                               "positive divisor of the world size, or leave it out (all ranks)")
+        if not isinstance(self.deterministic, bool):
+            raise ConfigError(f"parallel.deterministic={self.deterministic!r} is invalid: use true or false")
 
 
 @dataclass(frozen=True)

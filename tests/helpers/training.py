@@ -16,7 +16,7 @@ __all__ = ["REPO", "train_command", "FAST", "run_train", "latest_checkpoint", "c
            "eval_knn"]
 
 
-FAST = ["data.loader.batch_size=64", "optim.epochs=4", "optim.warmup_epochs=1"]
+FAST = ["data.loader.batch_size=64", "optim.epochs=4", "optim.warmup_epochs=1", "parallel.deterministic=true"]
 
 
 def run_train(run_dir: Path, shards, nproc: int, overrides: list[str], resume: str = "none", timeout: int = 600,

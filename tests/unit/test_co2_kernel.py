@@ -247,3 +247,64 @@ def test_nothing_is_built_with_cpp_extension_at_run_time():
     offenders = [str(path.relative_to(repo)) for package in ("trainer", "data_pipeline")
                  for path in (repo / package).rglob("*") if builds_cpp(path)]
     assert offenders == []
+
+
+def test_both_chunk_functions_are_compiled_during_the_forward_never_inside_the_backward(monkeypatch):
+    """Issue 28 row 13: on CUDA the backward runs on autograd's own thread, mid-step; the
+    backward's fused function is compiled in the forward, for every chunk shape (11 rows in chunks
+    of 4: a shorter last chunk)."""
+    from trainer.classifier import consistency, consistency_math, fusion
+
+    compiles = []
+
+    def recording_compile(fn, args):
+        compiles.append((fn.__name__, _term_and_grads.stage, torch._C._current_autograd_node() is not None))
+        positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+
+        def eager(*tensors):
+            full = list(args)
+            for position, tensor in zip(positions, tensors):
+                full[position] = tensor
+            return fn(*full)
+        return eager
+
+    monkeypatch.setattr(fusion, "compile_for", recording_compile)
+    monkeypatch.setattr(consistency, "fused_add_chunk_sums", fusion.Fused(consistency_math._add_chunk_sums))
+    monkeypatch.setattr(consistency, "fused_grad_logits", fusion.Fused(consistency_math._grad_logits))
+    original_backward = consistency.ConsistencyBackward.__init__
+
+    def backward_starts(self, *args, **kwargs):
+        _term_and_grads.stage = "backward"
+        original_backward(self, *args, **kwargs)
+
+    monkeypatch.setattr(consistency.ConsistencyBackward, "__init__", backward_starts)
+    monkeypatch.setattr(_term_and_grads, "stage", "forward", raising=False)
+    _term_and_grads(True, 0.15, ["global", "global", "small"])
+
+    assert _term_and_grads.stage == "backward"  # the backward ran
+    by_function = {name: [(stage, in_autograd) for n, stage, in_autograd in compiles if n == name]
+                   for name in ("_add_chunk_sums", "_grad_logits")}
+    # Two chunk shapes each (4 rows, then 3), all compiled in the forward, outside autograd's engine.
+    assert by_function == {name: [("forward", False)] * 2 for name in by_function}
+
+
+def test_a_failed_compile_on_an_accelerator_is_an_error_unless_the_fallback_is_allowed(monkeypatch, caplog):
+    from trainer.classifier import fusion
+
+    def broken_compile(fn, args):
+        raise RuntimeError("triton not found")
+
+    monkeypatch.setattr(fusion, "compile_for", broken_compile)
+    monkeypatch.setattr(fusion, "_on_accelerator", lambda args: True)  # as for CUDA tensors
+    monkeypatch.delenv(fusion.EAGER_FALLBACK_ENV, raising=False)
+    doubled = fusion.fused(lambda x: x * 2)
+    with pytest.raises(fusion.FusionCompileError, match=f"triton not found.*{fusion.EAGER_FALLBACK_ENV}=1"):
+        doubled.prepare(torch.ones(3))
+    with pytest.raises(fusion.FusionCompileError):
+        doubled(torch.ones(3))
+    assert not doubled.fell_back
+
+    monkeypatch.setenv(fusion.EAGER_FALLBACK_ENV, "1")
+    with caplog.at_level("WARNING", logger=fusion.__name__):
+        assert torch.equal(doubled(torch.ones(3)), torch.full((3,), 2.0))
+    assert doubled.fell_back and "eagerly" in caplog.text

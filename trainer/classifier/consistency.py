@@ -13,7 +13,8 @@ is added to the chunk's ``dL/dz`` (times ``tau / tau_con``) before the backward'
 
 It is a ``trainer.classifier.chunk_term.ChunkTerm``: one pass per chunk computes the forward's sums
 (the kernel's own ``sum exp(z)`` included) and one the backward's ``dL/dz``; both are fused
-functions over the chunk's logits (``trainer.classifier.consistency_math``).
+functions over the chunk's logits (``trainer.classifier.consistency_math``), both compiled during
+the forward (the backward's for each chunk shape the forward sees).
 
 Layout: the kernel's batch is the group's features in all-gather order, ``[ranks, views, b]``;
 the first ``global_views`` views take part (small crops do not: their similarity profile over the
@@ -73,6 +74,11 @@ class ConsistencyForward:
         device = kernel_pass.own_row.device
         self.sum_exp = torch.zeros(ranks, settings.global_views, local, device=device)
         self.expect = torch.zeros(len(settings.pairs), 2, ranks, local, device=device)
+        # Stand-ins with the layout of the backward's per-column inputs (see ConsistencyBackward),
+        # so that its fused function is compiled here, not inside the backward.
+        batch = kernel_pass.batch
+        self._backward_columns = (torch.zeros(batch, device=device), torch.zeros(batch, device=device))
+        self._backward_coefficients = torch.zeros(3, len(settings.pairs), 2, ranks, local, device=device)
 
     def add_chunk(self, kernel_sum: torch.Tensor, logits: torch.Tensor, chunk: int) -> torch.Tensor:
         """Adds the chunk's sums; returns the kernel's ``kernel_sum`` ``[B]`` plus the chunk's
@@ -81,6 +87,9 @@ class ConsistencyForward:
         kernel_sum, self.sum_exp, self.expect = fused_add_chunk_sums(
             kernel_sum, self.sum_exp, self.expect, logits, self.own[chunk], self.math, compiled=self.settings.compiled
         )
+        # Every chunk shape of the pass (the last chunk may be shorter); a dict lookup once compiled.
+        fused_grad_logits.prepare(logits, *self._backward_columns, self.own[chunk], self._backward_coefficients,
+                                  self.math, compiled=self.settings.compiled)
         return kernel_sum
 
     def columns(self) -> SampleColumns:

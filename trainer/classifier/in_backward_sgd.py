@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from trainer.classifier.row_adds import add_rows
+
 
 class InBackwardSGD(torch.optim.Optimizer):
     def __init__(self, weight: torch.nn.Parameter, lr: float, momentum: float = 0.9, weight_decay: float = 0.0) -> None:
@@ -43,7 +45,7 @@ class InBackwardSGD(torch.optim.Optimizer):
         if isinstance(rows, slice):
             weight[rows].sub_(grad_rows, alpha=settings["lr"])
         else:
-            weight.index_add_(0, rows, grad_rows, alpha=-settings["lr"])
+            add_rows(weight, rows, grad_rows, alpha=-settings["lr"])  # deterministic on CUDA too
 
     def step(self, closure=None):
         """Nothing to do: the backward pass already applied the update."""

@@ -36,6 +36,7 @@ from trainer.classifier.chunk_term import ChunkTerm, KernelPass
 from trainer.classifier.chunk_workspace import ChunkWorkspace, LogitsCache
 from trainer.classifier.losses import LOG_NORMALIZER, LOSS_FORMS, SmoothingForm, Targets
 from trainer.classifier.reductions import SampleColumns, reduce_over_ranks
+from trainer.classifier.row_adds import add_into_rows, add_rows
 from trainer.classifier.scored_rows import ScoredRows
 from trainer.parallel.collectives import CommTimer, Group, group_size
 
@@ -265,7 +266,7 @@ def _backward_chunks(scaled_features, weight, target_cols, row_scale, log_normal
             logits = cache.chunk(start, end) if cache is not None else workspace.cosine_logits(
                 scaled_features, weight_hat, grad_logits)
             grad_logits = term.grad_logits(logits, start // settings.chunk_size)
-        grad_logits.scatter_add_(0, target_rows, torch.where(inside, minus_target_grad, 0.0))
+        add_into_rows(grad_logits, target_rows, torch.where(inside, minus_target_grad, 0.0))
         workspace.add_grad_features(grad_features, grad_logits, weight_hat)
         rows = scored.rows_of(start, end)
         # Contiguous rows of a full gradient are written in place by the matmul.
@@ -276,7 +277,7 @@ def _backward_chunks(scaled_features, weight, target_cols, row_scale, log_normal
         if update is not None:
             update.apply_rows(rows, grad_rows)  # later chunks never read these rows
         elif direct is None:
-            grad_weight.index_add_(0, rows, grad_rows)  # a row sampled twice gets both contributions
+            add_rows(grad_weight, rows, grad_rows)  # a row sampled twice gets both contributions
     if signs is not None:
         grad_features.mul_(signs[:, None])
     # dz/dx = w_hat / tau: the 1/tau is applied once here rather than per chunk.

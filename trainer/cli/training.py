@@ -30,10 +30,12 @@ def _run_train(args: argparse.Namespace) -> int:
     from trainer.engine.preemption import NonFiniteLossError
     from trainer.engine.trainer import Trainer
     from trainer.parallel import init_distributed
+    from trainer.parallel.determinism import apply_determinism
     from trainer.parallel.dims import shutdown_distributed
     from trainer.parallel.host_memory import keep_freed_host_memory
 
     config = load_job_config(args.config, args.overrides)
+    apply_determinism(config.parallel.deterministic)  # before init_distributed's first CUDA call
     dims = init_distributed(config.parallel.classifier_parallel_size, device=config.parallel.device)
     keep_freed_host_memory(dims.device)  # CPU ranks: chunk temporaries stop page-faulting
     try:

@@ -17,7 +17,7 @@ from trainer.drills.jobs import Job, state_difference
 from trainer.engine.checkpoint_files import complete_checkpoints
 
 CADENCE = ["data.loader.batch_size=64", "optim.epochs=4", "optim.warmup_epochs=1", "checkpoint.every_steps=2",
-           "logging.log_every=1", "logging.consumed_ids=true"]
+           "logging.log_every=1", "logging.consumed_ids=true", "parallel.deterministic=true"]
 FOUR_STEPS = CADENCE + ["max_steps=4"]
 KILLED_AT = re.compile(r"fail point \S+ \(step \d+\): killing rank \d+ with SIGKILL at (\d+\.\d+)")
 NO_LOSS = "none: bit-identical to the uninterrupted run"
