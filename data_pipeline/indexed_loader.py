@@ -16,6 +16,7 @@ import torch
 
 from data_pipeline.batch import Batch
 from data_pipeline.config import LoaderConfig
+from data_pipeline.device_copy import to_device
 from data_pipeline.sample_table import sample_table
 from data_pipeline.sampler import EpochPermutationSampler, Sampler
 from data_pipeline.sliding_window import SlidingWindowSampler
@@ -73,13 +74,15 @@ class IndexedLoader:
         """``views`` must be tensors this loader owns (DALI reuses its buffers: copy first)."""
         device = self.device
         return Batch(
-            views=[view.to(device, non_blocking=True) for view in views],  # pinned by the fallback on GPUs
+            # The fallback's workers pin the views on GPUs, DALI's are there already; the ids and
+            # masks are numpy arrays: pinned here so no copy makes the CPU wait for the GPU.
+            views=[to_device(view, device) for view in views],
             view_kinds=list(self.view_kinds),
-            instance_ids=torch.from_numpy(samples.ids).to(device),
-            valid=torch.from_numpy(samples.valid).to(device),
+            instance_ids=to_device(samples.ids, device),
+            valid=to_device(samples.valid, device),
             global_valid=samples.global_valid,
             step=samples.step,
-            labels=None if samples.labels is None else torch.from_numpy(samples.labels).to(device),
+            labels=None if samples.labels is None else to_device(samples.labels, device),
             skipped=samples.skipped,
             plan=samples.plan,
             next_plan=samples.next_plan,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from data_pipeline.device_copy import to_device
 from trainer.classifier.transitions import StepTransitions
 
 
@@ -39,8 +40,8 @@ class LazyRowSGD:
         stale = np.flatnonzero(last < step)
         if stale.size == 0:
             return 0
-        matrices = torch.from_numpy(self.transitions.between(last[stale], step)).to(weight.device)
-        index = torch.from_numpy(stale).to(weight.device)
+        matrices = to_device(self.transitions.between(last[stale], step), weight.device)
+        index = to_device(stale, weight.device)
         w, u = weight[index].double(), momentum[index].double()
         weight[index] = (matrices[:, 0, 0, None] * w + matrices[:, 0, 1, None] * u).to(weight.dtype)
         momentum[index] = (matrices[:, 1, 0, None] * w + matrices[:, 1, 1, None] * u).to(momentum.dtype)

@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from data_pipeline.device_copy import to_device
+
 STORE_KINDS = ("device", "host", "disk")
 BLOCK_ROWS = 1 << 16  # rows per block of a full pass (init, materialise, load): bounds temporaries to ~64 MiB
 
@@ -60,7 +62,7 @@ class RowStore:
         """``(W rows, U rows, last steps)``: W and U on the compute device, last steps on the host.
         ``rows``: int64 local row indices on the CPU."""
         self._advise(rows.numpy())
-        both = torch.index_select(self.rows, 0, rows.to(self.rows.device))
+        both = torch.index_select(self.rows, 0, to_device(rows, self.rows.device))
         if self._pin:
             both = both.pin_memory()
         both = both.to(self.compute_device, non_blocking=True)
@@ -69,7 +71,7 @@ class RowStore:
     def write(self, rows: torch.Tensor, weight: torch.Tensor, momentum: torch.Tensor, step: int) -> None:
         """Store rows (distinct indices), up to date at ``step``."""
         both = torch.stack([weight, momentum], dim=1).to(self.rows.device, self.dtype)
-        self.rows.index_copy_(0, rows.to(self.rows.device), both)
+        self.rows.index_copy_(0, to_device(rows, self.rows.device), both)
         self.last_step[rows] = step
 
     def blocks(self):

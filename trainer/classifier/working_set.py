@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from data_pipeline.device_copy import to_device
 from trainer.classifier.lazy_sgd import LazyRowSGD
 from trainer.classifier.row_store import RowStore
 
@@ -55,10 +56,10 @@ class WorkingSet:
         weight = torch.empty(rows.size, dim, dtype=self.store.dtype, device=device)
         momentum = torch.empty_like(weight)
         if self.weight is not None and kept.any():
-            at = torch.from_numpy(np.searchsorted(rows, self.rows[kept])).to(device)
-            source = torch.from_numpy(np.flatnonzero(kept)).to(device)
+            at = to_device(np.searchsorted(rows, self.rows[kept]), device)
+            source = to_device(np.flatnonzero(kept), device)
             weight[at], momentum[at] = self.weight[source], self.momentum[source]
-        at = torch.from_numpy(np.searchsorted(rows, missing)).to(device)
+        at = to_device(np.searchsorted(rows, missing), device)
         weight[at], momentum[at] = new_weight, new_momentum
         self.rows, self.weight, self.momentum, self.current_at = rows, weight, momentum, step
         return weight, momentum
@@ -70,7 +71,7 @@ class WorkingSet:
     def _write_back(self, leaving: np.ndarray) -> None:
         if self.weight is None or not leaving.any():
             return
-        index = torch.from_numpy(np.flatnonzero(leaving)).to(self.weight.device)
+        index = to_device(np.flatnonzero(leaving), self.weight.device)
         self.store.write(torch.from_numpy(self.rows[leaving]), self.weight[index], self.momentum[index], self.current_at)
 
     def flush(self) -> None:

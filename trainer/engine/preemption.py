@@ -1,11 +1,18 @@
 """Stopping cleanly: SIGTERM (Kubernetes preemption) and non-finite losses.
 
-The SIGTERM handler only sets a flag.  At step boundaries all ranks agree on it through one tiny
-all-reduce on the gloo control group (a CPU tensor, so no GPU sync), then save and exit 0.  A
-non-finite loss is remembered on the device without a sync and checked on log steps; before every
+The SIGTERM handler only sets a flag.  All ranks agree on it through one tiny all-reduce per step
+on the gloo control group (a CPU tensor, so no GPU sync), then save and exit 0.  That all-reduce is
+off the step's critical path: ``stop_after_step`` starts this step's reduction without waiting
+(``async_op``) and reads the one started a step earlier, long finished by then.  Every rank reads
+the same reduced flag at the same step, so all stop after the same step; a SIGTERM simply takes
+effect one step later than a blocking agreement would give (a step is far shorter than the grace
+period).
+
+A non-finite loss is remembered on the device without a sync and checked on log steps; before every
 checkpoint the parameters are checked too, so a poisoned model is never saved as a good one.
-Under ``optim.on_nonfinite: skip_step`` the same per-step all-reduce also carries whether this
-rank's loss is finite, so every rank agrees to drop a step without a collective of its own.
+Under ``optim.on_nonfinite: skip_step`` the agreement cannot wait a step: whether any rank's loss is
+finite must be known before this step's backward.  There ``agree(loss)`` is a blocking all-reduce
+carrying both flags, every step (the price of skip_step), and ``stop_after_step`` is not used.
 """
 
 from __future__ import annotations
@@ -31,19 +38,43 @@ class StopSignal:
     def __init__(self, control_group) -> None:
         self._requested = False
         self._control_group = control_group
+        self._pending: tuple[dist.Work | None, torch.Tensor] | None = None  # the last step's reduction
         self._previous = signal.signal(signal.SIGTERM, self._handle)
 
     def _handle(self, signum, frame) -> None:
         self._requested = True
 
-    def agreed(self) -> bool:
-        """True on every rank once any rank got SIGTERM (collective: call on all ranks)."""
-        return self.agree().stop
+    def stop_after_step(self) -> bool:
+        """Whether every rank stops now, after this step (collective: call once per step on all
+        ranks).  True once any rank had SIGTERM by the end of the previous step; never blocks on a
+        round trip: the reduction it waits for was started a step ago."""
+        stop = False
+        if self._pending is not None:
+            work, flags = self._pending
+            self._pending = None
+            if work is not None:
+                work.wait()
+            stop = bool(flags[0])
+        if not stop:  # nothing is left in flight on a stop: the checkpoint's collectives come next
+            flags = torch.tensor([int(self._requested)])
+            work = None
+            if self._control_group is not None:
+                work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._control_group, async_op=True)
+            self._pending = (work, flags)
+        return stop
+
+    def settle(self) -> None:
+        """Wait for the reduction still in flight (the loop ended without stopping), so that no
+        collective outlives the training loop; its flag is dropped (the run is over)."""
+        if self._pending is not None and self._pending[0] is not None:
+            self._pending[0].wait()
+        self._pending = None
 
     def agree(self, loss: torch.Tensor | None = None) -> StepAgreement:
-        """What every rank agrees on this step (collective: call on all ranks): ``stop``, any rank
-        got SIGTERM; with ``loss``, ``nonfinite``, any rank's loss is NaN or inf (reading it waits
-        for the device to finish the forward)."""
+        """What every rank agrees on this step, blocking (collective: call on all ranks; only
+        under skip_step, whose decision cannot be deferred): ``stop``, any rank got SIGTERM; with
+        ``loss``, ``nonfinite``, any rank's loss is NaN or inf (reading it waits for the device to
+        finish the forward)."""
         flags = torch.tensor([int(self._requested), 0])
         if loss is not None:
             flags[1] = int(not torch.isfinite(loss.detach()).all().item())

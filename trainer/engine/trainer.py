@@ -8,9 +8,10 @@ One step on each rank::
     objective.after_backward(); its optimizers step  # objective parameters live outside ZeRO
 
 The trainer never names a method: everything method-specific is behind ``trainer.objectives``.
-Host syncs happen only on log steps (loss value, input validation, NaN check, comm timers) and
-for the one tiny CPU all-reduce per step that agrees on SIGTERM (under ``optim.on_nonfinite:
-skip_step`` it also agrees, before the backward, whether any rank's loss is finite).
+Host syncs happen only on log steps (loss value, input validation, NaN check, comm timers) and on
+checkpoint steps.  SIGTERM is agreed on with one tiny CPU all-reduce per step that runs in the
+background and is read a step later (``StopSignal.stop_after_step``); under ``optim.on_nonfinite:
+skip_step`` a blocking one also agrees, before the backward, whether any rank's loss is finite.
 """
 
 from __future__ import annotations
@@ -176,6 +177,7 @@ class Trainer:
                     break
             else:
                 self._save()
+            self.stop_signal.settle()  # not on an error: a rank that failed may never join it
         finally:
             self.stop_signal.restore()
         scores = None
@@ -225,7 +227,7 @@ class Trainer:
             every = config.checkpoint.every_steps
             if every and state.global_step % every == 0:
                 self._save()
-            if stop_agreed if stop_agreed is not None else self.stop_signal.agreed():
+            if stop_agreed if stop_agreed is not None else self.stop_signal.stop_after_step():
                 self._say(f"SIGTERM: saving at step {state.global_step} and exiting")
                 self._save()
                 mark_clean_stop(dims.rank)

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from data_pipeline.device_copy import to_device
 from data_pipeline.sampler import StepIndices
 from trainer.classifier.config import HeadSettings
 from trainer.classifier.head import CosineHead
@@ -225,8 +226,9 @@ class PicObjective(Objective):
         owned = (group_ids >= self.shard.class_start) & (group_ids < self.shard.class_end) & group_valid
         target_cols = np.where(owned, np.searchsorted(rows, group_ids - self.shard.class_start), -1)
         device = dims.device
-        target_cols = torch.from_numpy(target_cols[:, None]).to(device, non_blocking=True)
-        valid = torch.from_numpy(group_valid).to(device, non_blocking=True)
+        # From pinned memory: a pageable source would make these copies wait for the GPU.
+        target_cols = to_device(target_cols[:, None], device)
+        valid = to_device(group_valid, device)
 
         # For fp32 rows the leaf shares their memory: the update after backward writes them in place.
         leaf = weight.float().detach().requires_grad_(True)
