@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from tests.unit.test_kernel import BATCH, NUM_ROWS, TAU, problem, run_kernel, subset_rows
+from tests.unit.test_kernel import TAU, problem, run_kernel, subset_rows
 from trainer.classifier import row_adds
 from trainer.classifier.in_backward_sgd import InBackwardSGD
 from trainer.classifier.kernel import KernelSettings
