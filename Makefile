@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: install prometheus test test-all demo ablate drill bench-classifier clean
+.PHONY: install prometheus test test-all test-gpu demo ablate drill bench-classifier clean
 
 $(INSTALLED): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ test: $(INSTALLED) prometheus
 # Every test, the slow repeats included.
 test-all: $(INSTALLED) prometheus
 	$(BIN)/python -m pytest --durations=15
+
+# On a GPU node: the tests marked gpu (CI skips them), with the devices left visible.
+test-gpu: $(INSTALLED)
+	INSTCLS_TEST_GPU=1 $(BIN)/python -m pytest -m gpu
 
 # The main job on the embedded default (~5 minutes): digit scenes, the scikit-learn digits drawn
 # in random colours on random flat colours (80% to train on, 20% held out), as WebDataset shards;

@@ -22,13 +22,13 @@ import argparse
 import sys
 
 # One module per command area; each registers its commands and calls the code that does the work.
-from trainer.cli import ablate, bench, drill, evaluation, plan, shards, training
+from trainer.cli import ablate, bench, drill, evaluation, plan, selftest, shards, training
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="instcls", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    for area in (training, evaluation, ablate, plan, shards, drill, bench):  # the order of `instcls --help`
+    for area in (training, evaluation, ablate, plan, shards, drill, bench, selftest):  # the order of `instcls --help`
         area.register(commands)
     return parser
 

@@ -1,0 +1,112 @@
+"""Self-test checks across every local device: one spawned rank per visible GPU (NCCL), or two CPU
+ranks (gloo) where there is none.  Rank 0 writes the results to a JSON file for the runner."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from trainer.selftest.report import FAIL, PASS, SKIPPED, CheckResult
+
+
+def worker(result_path: str) -> None:
+    """One rank: every distributed check in turn, each failure caught and reported as its result."""
+    from trainer.parallel import init_distributed
+
+    dims = init_distributed()
+    results = []
+    for check in (collectives, sharded_classifier, bf16_zero2_step):
+        try:
+            results.append(check(dims))
+        except Exception as error:  # noqa: BLE001 - a failed check is a row of the table, not the end
+            results.append(CheckResult(check.__name__.replace("_", " "), FAIL, "", f"{type(error).__name__}: {error}"))
+        dist.barrier()
+    if dims.rank == 0:
+        Path(result_path).write_text(json.dumps([asdict(result) for result in results]))
+
+
+def collectives(dims) -> CheckResult:
+    """All-reduce, all-gather and reduce-scatter give exact results; the all-reduce's bus bandwidth."""
+    world, rank, device = dims.world_size, dims.rank, dims.device
+    value = torch.full((1024,), float(rank + 1), device=device)
+    dist.all_reduce(value)
+    gathered = [torch.empty(4, device=device) for _ in range(world)]
+    dist.all_gather(gathered, torch.full((4,), float(rank), device=device))
+    scattered = torch.empty(4, device=device)
+    dist.reduce_scatter(scattered, [torch.full((4,), float(r), device=device) for r in range(world)])
+    exact = (bool((value == world * (world + 1) / 2).all()) and all(bool((g == r).all()) for r, g in enumerate(gathered))
+             and bool((scattered == rank * world).all()))
+    size = (256 << 20) if device.type == "cuda" else (16 << 20)  # bytes
+    payload = torch.ones(size // 4, device=device)
+    dist.all_reduce(payload)  # warm-up
+    started = time.perf_counter()
+    dist.all_reduce(payload)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - started
+    bus = 2 * (world - 1) / world * size / seconds / 1e9  # the ring's bytes per link, as nccl-tests reports
+    return CheckResult("collectives", PASS if exact else FAIL, f"{bus:.1f} GB/s bus",
+                       f"{dims.backend}, {world} ranks" + ("" if exact else "; wrong results"))
+
+
+def sharded_classifier(dims) -> CheckResult:
+    """The class-sharded loss and its gradient against ``F.cross_entropy`` over the full matrix."""
+    from trainer.classifier.kernel import KernelSettings, sharded_cosine_ce
+    from trainer.classifier.sharding import ClassShard
+
+    world, rank, device = dims.world_size, dims.rank, dims.device
+    generator = torch.Generator().manual_seed(0)
+    classes, batch, tau = 50_000, 128, 0.15
+    features = F.normalize(torch.randn(batch, 128, generator=generator), dim=1).to(device)
+    weight = torch.randn(classes, 128, generator=generator).to(device)
+    ids = torch.randint(0, classes, (batch,), generator=generator).to(device)
+    shard = ClassShard(classes, world, rank)
+    rows = slice(shard.class_start, shard.class_end)
+    local_weight = weight[rows].clone().requires_grad_()
+    cols = torch.where(shard.is_local(ids), ids - shard.class_start, -1)[:, None]
+    loss = sharded_cosine_ce(features, local_weight, cols, torch.ones(batch, 1, device=device),
+                             KernelSettings(temperature=tau, chunk_size=8192), dims.classifier_group)
+    loss.sum().backward()
+    reference_weight = weight.clone().requires_grad_()
+    reference = F.cross_entropy(features @ F.normalize(reference_weight, dim=1).t() / tau, ids, reduction="none")
+    reference.sum().backward()
+    loss_error = float((loss - reference).detach().abs().max())
+    grad_error = float((local_weight.grad - reference_weight.grad[rows]).abs().max())
+    ok = loss_error < 1e-4 and grad_error < 1e-5
+    return CheckResult("sharded classifier", PASS if ok else FAIL, f"loss diff {loss_error:.1e}",
+                       f"N={classes} over {world} ranks, dW diff {grad_error:.1e}")
+
+
+def bf16_zero2_step(dims) -> CheckResult:
+    """One bf16 ZeRO-2 step of ResNet-50 + head and the sharded classifier, with its peak memory."""
+    if dims.device.type != "cuda":
+        return CheckResult("bf16 ZeRO-2 ResNet-50 step", SKIPPED, "", "needs a CUDA device")
+    from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
+    from trainer.engine.deepspeed_setup import initialize_backbone, load_deepspeed_config
+    from trainer.models import ModelConfig, build_model
+
+    repo = Path(__file__).resolve().parents[2]
+    batch = 64
+    engine, _ = initialize_backbone(build_model(ModelConfig()), load_deepspeed_config(repo / "ds_configs" /
+                                                                                     "zero2_bf16.json", batch),
+                                    0.1, 0.9, 1e-4)
+    classifier = ShardedCosineClassifier(ClassifierConfig(num_classes=1_281_167, validate_inputs=False), dims)
+    torch.cuda.reset_peak_memory_stats(dims.device)
+    images = torch.randn(batch, 3, 224, 224, device=dims.device, dtype=torch.bfloat16)
+    ids = torch.randint(0, 1_281_167, (batch,), device=dims.device)
+    started = time.perf_counter()
+    loss = classifier(engine(images), ids)
+    engine.backward(loss)
+    engine.step()
+    torch.cuda.synchronize(dims.device)
+    seconds = time.perf_counter() - started
+    peak = torch.cuda.max_memory_allocated(dims.device) / 2**30
+    status = PASS if torch.isfinite(loss) else FAIL
+    return CheckResult("bf16 ZeRO-2 ResNet-50 step", status, f"{peak:.1f} GiB peak",
+                       f"batch {batch}/rank, N=1.28M over {dims.world_size} ranks, {seconds:.2f} s")
