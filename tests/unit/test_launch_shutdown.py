@@ -4,6 +4,7 @@ torchrun's 30 s default, a SIGTERM'd job's workers are SIGKILLed in the middle o
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 from torch.distributed.run import get_args_parser
@@ -32,7 +33,11 @@ def test_launch_passes_the_grace_period_minus_a_margin_to_torchrun(monkeypatch):
             return 0
 
     monkeypatch.setattr(launch_module.subprocess, "Popen", FakeTorchrun)
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
     assert launch_module.launch(ARGS) == 0
+    # The forwarding handlers go with torchrun: left behind, they would swallow a later SIGTERM of
+    # this process or of anything it forks (a multiprocessing pool's workers then never stop).
+    assert {signum: signal.getsignal(signum) for signum in handlers} == handlers
     (command,) = started
     settings = torchrun_settings(command)  # torchrun's own parser reads the flag
     assert settings.shutdown_timeout == 570 and settings.nproc_per_node == "8"

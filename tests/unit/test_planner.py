@@ -1,6 +1,7 @@
 """The memory planner's arithmetic and its answers to "does it fit?"."""
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -116,3 +117,30 @@ def test_co2_term_adds_no_workspace_buffers_and_plans_one_block(monkeypatch, cac
     for device in ("cpu", "gpu"):
         assert predict(replace(plan, device=device))["CO2 term (chunk scratch)"] == 2 * batch * chunk * 4
     assert predict(replace(plan, device="gpu", co2=False))["CO2 term (chunk scratch)"] == 0
+
+
+def test_a_gpu_plan_counts_zero_buckets_and_dali_buffers():
+    """Issue 28 row 6: what DeepSpeed and DALI hold on the device besides the model."""
+    from trainer.bench.planner import DEEPSPEED_REDUCE_BUCKET, PlanInput
+
+    base = dict(mode="dhp", num_classes=1_000_000, ranks=8, batch=1024, backbone="resnet50", dtype="bfloat16")
+    stage2 = predict(PlanInput(**base, zero_stage=2))
+    assert stage2["ZeRO gradient buckets"] == DEEPSPEED_REDUCE_BUCKET * 2  # bf16 elements
+    assert predict(PlanInput(**base, zero_stage=2, overlap_comm=True))["ZeRO gradient buckets"] == \
+        2 * DEEPSPEED_REDUCE_BUCKET * 2
+    assert predict(PlanInput(**base, zero_stage=1, reduce_bucket=50_000_000))["ZeRO gradient buckets"] == 10**8
+    for no_buckets in (dict(zero_stage=0), dict(zero_stage=3), dict(zero_stage=2, device="cpu")):
+        assert "ZeRO gradient buckets" not in predict(PlanInput(**base, **no_buckets))
+    # 128 local images x 2 views of float32 3x224x224, two batches ahead, plus the decoded images.
+    assert stage2["DALI pipeline buffers"] == 2 * 128 * 2 * 3 * 224 * 224 * 4 + 128 * 500 * 400 * 3
+    assert "DALI pipeline buffers" not in predict(PlanInput(**base, zero_stage=2, dali=False))
+
+
+def test_the_plan_reads_zero_settings_from_a_deepspeed_config():
+    from trainer.bench.planner import deepspeed_settings
+    from trainer.engine.deepspeed_setup import load_deepspeed_config
+
+    assert deepspeed_settings(load_deepspeed_config(Path("ds_configs/zero2_bf16.json"), 1)) == {
+        "zero_stage": 2, "reduce_bucket": 50_000_000, "overlap_comm": False, "dtype": "bfloat16"}
+    assert deepspeed_settings({"zero_optimization": {"stage": 1, "overlap_comm": True}}) == {
+        "zero_stage": 1, "reduce_bucket": 500_000_000, "overlap_comm": True, "dtype": "float32"}

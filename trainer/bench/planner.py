@@ -6,9 +6,13 @@ holds, the chunk workspace of ``ChunkWorkspace`` (logits and weight buffers), an
 machine it is within 1-6% of the measured peaks of `bench ddp-vs-dhp` above a few MiB (a test
 holds it to 15%).  The backbone part counts parameters, gradients and momentum with ZeRO's
 partitioning, and activations as the bytes autograd saves for backward, found by running one
-forward on the meta device (exact for the architecture and image size, no compute).  ``buffers``
-is what allocators and communication libraries add: a few MiB on CPU, about 1 GiB on a GPU for
-the CUDA context and NCCL, which ``max_memory_allocated`` does not see.
+forward on the meta device (exact for the architecture and image size, no compute).
+
+On a GPU three more things take memory that ``max_memory_allocated`` never sees or that the model
+alone does not show: ZeRO-1/2's gradient buckets (``reduce_bucket_size`` elements in the gradient
+dtype, a second one with ``overlap_comm``; DeepSpeed's default is 5e8 elements, 1 GB in bf16),
+DALI's pipeline buffers (its prefetched output batches and the decoded images), and the CUDA
+context with NCCL's buffers (about 1 GiB).  On CPU ranks ``buffers`` is a few MiB.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ GIB = 2**30
 CPU_BUFFERS = 8 * 2**20
 UNBOUNDED_CLASSES = 10**12  # "any N": device memory does not grow with N (PIC with rows off the device)
 GPU_BUFFERS = 1 * GIB
+DEEPSPEED_REDUCE_BUCKET = 500_000_000  # elements: DeepSpeed's default reduce_bucket_size
+DALI_PREFETCH_DEPTH = 2  # output batches DALI keeps ahead (its default prefetch_queue_depth)
+DECODED_IMAGE_BYTES = 500 * 400 * 3  # an average ImageNet image decoded (uint8 HWC), before cropping
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,9 @@ class PlanInput:
     queue: int = 65536  # pic: K recent ids scored besides the batch
     row_store: str = "host"  # pic: "device" keeps W and momentum on the device; "host"/"disk" do not
     co2: bool = False  # CO2's consistency term (two global views): its chunk scratch in the backward
+    reduce_bucket: int = DEEPSPEED_REDUCE_BUCKET  # ZeRO's reduce_bucket_size (elements)
+    overlap_comm: bool = False  # ZeRO's overlap_comm: a second gradient bucket
+    dali: bool = True  # GPU decoding and augmentation with DALI (its buffers on the device)
 
     def __post_init__(self) -> None:
         if self.mode not in ("ddp", "dhp", "pic"):
@@ -154,12 +164,33 @@ def backbone_breakdown(plan: PlanInput) -> dict[str, int]:
     }
 
 
-def predict(plan: PlanInput) -> dict[str, int]:
-    breakdown = classifier_breakdown(plan) | backbone_breakdown(plan)
-    breakdown["buffers (allocator, CUDA context, NCCL)" if plan.device == "gpu" else "buffers"] = (
-        GPU_BUFFERS if plan.device == "gpu" else CPU_BUFFERS
-    )
+def runtime_breakdown(plan: PlanInput) -> dict[str, int]:
+    """What DeepSpeed and DALI hold on a GPU besides the model (see the module docstring)."""
+    if plan.device != "gpu":
+        return {"buffers": CPU_BUFFERS}
+    breakdown = {}
+    if plan.backbone is not None and plan.zero_stage in (1, 2):
+        buckets = 2 if plan.overlap_comm else 1
+        breakdown["ZeRO gradient buckets"] = plan.reduce_bucket * _element_size(plan.dtype) * buckets
+    if plan.dali:
+        local_images = plan.batch // plan.ranks
+        outputs = local_images * plan.views * 3 * plan.image_size**2 * 4  # float32 CHW views
+        breakdown["DALI pipeline buffers"] = DALI_PREFETCH_DEPTH * outputs + local_images * DECODED_IMAGE_BYTES
+    breakdown["buffers (allocator, CUDA context, NCCL)"] = GPU_BUFFERS
     return breakdown
+
+
+def predict(plan: PlanInput) -> dict[str, int]:
+    return classifier_breakdown(plan) | backbone_breakdown(plan) | runtime_breakdown(plan)
+
+
+def deepspeed_settings(ds_config: dict) -> dict:
+    """``PlanInput`` fields from a DeepSpeed config (``ds_configs/*.json``)."""
+    zero = ds_config.get("zero_optimization", {})
+    return {"zero_stage": int(zero.get("stage", 0)),
+            "reduce_bucket": int(float(zero.get("reduce_bucket_size", DEEPSPEED_REDUCE_BUCKET))),
+            "overlap_comm": bool(zero.get("overlap_comm", False)),
+            "dtype": "bfloat16" if ds_config.get("bf16", {}).get("enabled") else "float32"}
 
 
 def total(plan: PlanInput) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def register(commands) -> None:
@@ -21,6 +22,9 @@ def register(commands) -> None:
     parser.add_argument("--backbone", choices=["resnet18", "resnet34", "resnet50", "resnet101"])
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2, 3])
+    parser.add_argument("--deepspeed-config", type=Path,
+                        help="read the ZeRO stage, its bucket sizes and bf16 from this file (ds_configs/*.json)")
+    parser.add_argument("--no-dali", action="store_true", help="the loader decodes on the CPU (no DALI buffers)")
     parser.add_argument("--no-momentum", action="store_true", help="plain SGD (no momentum buffers)")
     parser.add_argument("--update-in-backward", action="store_true", help="DHP: no full gradient of W")
     parser.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory per GPU (or per rank)")
@@ -33,7 +37,10 @@ def register(commands) -> None:
 
 
 def _run_plan(args: argparse.Namespace) -> int:
-    from trainer.bench.planner import GIB, PlanInput, format_plan
+    from dataclasses import replace
+
+    from trainer.bench.planner import GIB, PlanInput, deepspeed_settings, format_plan
+    from trainer.engine.deepspeed_setup import load_deepspeed_config
 
     plan = PlanInput(
         mode="dhp", num_classes=args.num_classes, ranks=args.ranks, batch=args.batch, dim=args.dim,
@@ -41,7 +48,9 @@ def _run_plan(args: argparse.Namespace) -> int:
         momentum=not args.no_momentum,
         update_in_backward=args.update_in_backward, backbone=args.backbone, image_size=args.image_size,
         views=args.views, zero_stage=args.zero_stage, device="cpu" if args.cpu else "gpu", queue=args.queue,
-        row_store=args.row_store, co2=args.co2,
+        row_store=args.row_store, co2=args.co2, dali=not args.no_dali,
     )
+    if args.deepspeed_config is not None:
+        plan = replace(plan, **deepspeed_settings(load_deepspeed_config(args.deepspeed_config, 1)))
     print(format_plan(plan, int(args.gpu_memory_gib * GIB)))
     return 0

@@ -26,7 +26,12 @@ class JsonlLog:
 
 
 def memory_readings(device: torch.device) -> dict[str, int]:
-    """What ``instcls_memory_bytes`` reports: CUDA allocator figures on GPU, RSS on CPU."""
+    """What ``instcls_memory_bytes`` reports: CUDA allocator figures on GPU, RSS on CPU.  On a GPU
+    ``device_used`` is what the device itself reports in use (``cudaMemGetInfo``): beyond the
+    allocator's figures it counts the CUDA context, NCCL's and DALI's buffers (and any other
+    process on the same GPU)."""
     if device.type == "cuda":
-        return {"cuda_allocated": torch.cuda.memory_allocated(device), "cuda_reserved": torch.cuda.memory_reserved(device)}
+        free, total = torch.cuda.mem_get_info(device)
+        return {"cuda_allocated": torch.cuda.memory_allocated(device), "cuda_reserved": torch.cuda.memory_reserved(device),
+                "device_used": total - free}
     return {"rss": current_rss_bytes()}

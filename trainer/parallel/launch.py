@@ -110,9 +110,14 @@ def launch(torchrun_args: list[str]) -> int:
         received.append(signum)
         child.send_signal(signum)
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, forward)
-    returncode = child.wait()
+    previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        returncode = child.wait()
+    finally:
+        # Put the caller's handlers back: a handler left forwarding to a finished child would
+        # swallow the SIGTERM meant for this process or for any process it forks later.
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     reader.join()
     saved = any(marker_dir.iterdir())
     shutil.rmtree(marker_dir, ignore_errors=True)
