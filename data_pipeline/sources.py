@@ -1,5 +1,6 @@
-"""Where images come from before they become shards: an image-folder tree, the digits set that
-ships inside scikit-learn (plain, or drawn onto embedded photos), or synthetic images.
+"""Where images come from before they become shards: the digits set that ships inside
+scikit-learn (plain, or drawn onto embedded photos), or synthetic images; a user's own files are
+``data_pipeline.file_sources``, existing WebDataset tars ``data_pipeline.tar_source``.
 
 Each source lists ``SourceImage`` records in a fixed order; the shard writer shuffles them with a
 seed and assigns the dense instance ids.  ``read`` runs in worker processes, so a record carries a
@@ -8,10 +9,11 @@ picklable recipe for its bytes (a path, a small array, a seed), never an open fi
 
 from __future__ import annotations
 
+import hashlib
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -51,37 +53,19 @@ class Source:
     """A list of images and, when labelled, the names of their classes."""
 
     name: str
-    images: list[SourceImage]
+    images: Sequence[SourceImage]
     class_names: list[str] | None
 
-
-def _refuse_escape(path: Path, real_root: Path) -> None:
-    """A symlink (or ``..``) that leads outside the root would shard files the user did not point at."""
-    if not path.resolve().is_relative_to(real_root):
-        raise ValueError(f"{path} resolves to {path.resolve()}, outside the image folder {real_root}; remove the link "
-                         "or copy the file into the folder")
-
-
-def image_folder(root: Path) -> Source:
-    """ImageNet-style tree ``root/<class>/<image>``; classes are the sorted subfolder names."""
-    root = Path(root)
-    if not root.is_dir():
-        raise FileNotFoundError(f"image folder {root} does not exist; pass a directory with one subfolder per class")
-    class_dirs = sorted(p for p in root.iterdir() if p.is_dir())
-    for class_dir in class_dirs:
-        _refuse_escape(class_dir, root.resolve())
-    if not class_dirs:
-        raise ValueError(f"image folder {root} has no class subfolders; expected {root}/<class>/<image files>")
-    images = []
-    real_root = root.resolve()
-    for label, class_dir in enumerate(class_dirs):
-        for path in sorted(class_dir.rglob("*")):
-            if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file():
-                _refuse_escape(path, real_root)
-                images.append(SourceImage(origin=str(path), label=label, read=partial(Path.read_bytes, path)))
-    if not images:
-        raise ValueError(f"image folder {root} contains no images with suffixes {sorted(IMAGE_SUFFIXES)}")
-    return Source(name=f"folder:{root}", images=images, class_names=[d.name for d in class_dirs])
+    def listing_sha256(self) -> str:
+        """A digest of what is listed (origins and labels, in order): the same inputs give the
+        same digest, so the parts of an ingest can check they shard the same listing."""
+        own = getattr(self.images, "sha256", None)
+        if own is not None:
+            return own()
+        digest = hashlib.sha256()
+        for image in self.images:
+            digest.update(f"{image.origin}\t{image.label}\n".encode("utf-8", "surrogateescape"))
+        return digest.hexdigest()
 
 
 DIGITS_SPLITS = ("all", "train", "val")

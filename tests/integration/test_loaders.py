@@ -70,12 +70,13 @@ def test_two_ranks_see_every_instance_once_per_epoch(digits_shards, backend, las
 
 
 def stored_colors(shard_dir):
-    """id -> (mean RGB of the stored image, label), read straight from the tars."""
+    """id -> (mean RGB of the stored image, label), read straight from the tars (nothing was
+    skipped, so a sample's key is its id)."""
     manifest = ShardManifest.load(shard_dir)
     truth = {}
     for sample in wds.DataPipeline(wds.SimpleShardList(manifest.tar_paths(shard_dir)), wds.tarfile_to_samples()):
         rgb = np.asarray(Image.open(io.BytesIO(sample["jpg"])).convert("RGB"), dtype=np.float64)
-        truth[decode_int64(sample["id"])] = (rgb.reshape(-1, 3).mean(axis=0), decode_int64(sample["cls"]))
+        truth[int(sample["__key__"])] = (rgb.reshape(-1, 3).mean(axis=0), decode_int64(sample["cls"]))
     return truth
 
 

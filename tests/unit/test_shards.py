@@ -1,6 +1,8 @@
-"""make-shards writes what the manifest says; bad images are refused or skipped, never shipped."""
+"""make-shards writes what the manifest says; bad images are refused or skipped, never shipped;
+validate-shards finds what was damaged afterwards."""
 
 import io
+import json
 import shutil
 import tarfile
 
@@ -11,7 +13,9 @@ from PIL import Image
 
 from data_pipeline.manifest import ShardManifest
 from data_pipeline.shards import BadImageError, ShardSettings, decode_int64, encode_int64, sha256_of, write_shards
-from data_pipeline.sources import image_folder, synthetic
+from data_pipeline.file_sources import image_folder
+from data_pipeline.sample_table import SampleTable
+from data_pipeline.sources import synthetic
 from data_pipeline.validate import validate_shards
 from trainer.cli import main
 
@@ -27,18 +31,22 @@ def test_digits_shards_match_their_manifest(digits_shards):
     manifest = ShardManifest.load(digits_shards)
     assert manifest.num_instances == 1797 and manifest.class_names == [str(d) for d in range(10)]
     assert [s.count for s in manifest.shards] == [400, 400, 400, 400, 197]
-    ids, labels = [], []
+    table = SampleTable(digits_shards)
+    labels, seen = [], set()
     for shard in manifest.shards:
         assert sha256_of(digits_shards / shard.tar) == shard.sha256
         assert (digits_shards / shard.index).read_text().startswith(f"v1.2 {shard.count}\n")
-        for key, sample in read_samples(digits_shards / shard.tar).items():
-            instance_id = decode_int64(sample["id"])
-            assert key == f"{instance_id:010d}"
-            assert shard.first_id <= instance_id < shard.first_id + shard.count
-            ids.append(instance_id)
+        samples = read_samples(digits_shards / shard.tar)
+        assert len(samples) == shard.count
+        for position, (key, sample) in enumerate(samples.items()):
+            instance_id = shard.first_id + position  # ids: shard order, then stored order
+            assert key == f"{instance_id:010d}", "nothing skipped: the key is the id"
+            assert table.read_jpeg(instance_id) == sample["jpg"]
             labels.append(decode_int64(sample["cls"]))
+            assert table.read_label(instance_id) == labels[-1]
             assert Image.open(io.BytesIO(sample["jpg"])).size == (32, 32)
-    assert sorted(ids) == list(range(1797))
+            seen.add(instance_id)
+    assert seen == set(range(1797))
     assert np.bincount(labels).tolist() == [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]  # load_digits' classes
     assert labels[:20] != sorted(labels[:20]), "stored order should be shuffled, not class-sorted"
     assert validate_shards(digits_shards, progress=False) == (1797, [])
@@ -59,16 +67,28 @@ def test_bad_image_is_refused_with_its_path(folder_with_bad_images, tmp_path):
     with pytest.raises(BadImageError, match=r"(corrupt|truncated)\.jpg .*--on-bad-image skip"):
         write_shards(image_folder(folder_with_bad_images), tmp_path / "out", ShardSettings(), progress=False)
     assert not (tmp_path / "out" / "manifest.json").exists()
-    assert not list((tmp_path / "out").glob("*.tmp")), "a failed run must not leave partial files"
+    assert not list((tmp_path / "out").glob("*.tmp*")), "a failed run must not leave partial files"
 
 
-def test_bad_images_can_be_skipped_and_counted(folder_with_bad_images, tmp_path):
-    manifest = write_shards(
-        image_folder(folder_with_bad_images), tmp_path / "out", ShardSettings(on_bad_image="skip"), progress=False
-    )
-    assert manifest.num_instances == 45
-    assert sorted(s["origin"].rsplit("/", 1)[1] for s in manifest.skipped) == ["corrupt.jpg", "truncated.jpg"]
-    assert validate_shards(tmp_path / "out", progress=False)[1] == []
+def test_bad_images_can_be_skipped_and_reported(folder_with_bad_images, tmp_path):
+    out = tmp_path / "out"
+    manifest = write_shards(image_folder(folder_with_bad_images, labels=True), out,
+                            ShardSettings(on_bad_image="skip", samples_per_shard=10), progress=False)
+    assert manifest.num_instances == 45 and manifest.num_skipped == 2
+    report = [json.loads(line) for line in (out / manifest.skipped_report).read_text().splitlines()]
+    assert sorted(problem["origin"].rsplit("/", 1)[1] for problem in report) == ["corrupt.jpg", "truncated.jpg"]
+    assert all("does not decode" in problem["reason"] for problem in report)
+    assert validate_shards(out, progress=False) == (45, [])
+    # Keys are positions in the seeded order; ids stay dense 0..44 in shard order without the two.
+    source = image_folder(folder_with_bad_images, labels=True)
+    order = np.random.default_rng(0).permutation(len(source.images))
+    bad = {position for position, index in enumerate(order)
+           if source.images[int(index)].origin.endswith(("corrupt.jpg", "truncated.jpg"))}
+    keys = [key for entry in manifest.shards for key in read_samples(out / entry.tar)]
+    assert keys == [f"{position:010d}" for position in range(47) if position not in bad]
+    table = SampleTable(out)
+    good = [source.images[int(index)] for position, index in enumerate(order) if position not in bad]
+    assert [table.read_label(i) for i in range(45)] == [image.label for image in good]
 
 
 def test_existing_shard_set_is_not_overwritten(digits_shards):
@@ -83,49 +103,59 @@ def test_large_images_are_shrunk_when_asked(tmp_path):
     assert decode_int64(sample["cls"]) == -1
 
 
-def _rewrite_shard(shard_dir, shard_index, edit):
-    """Rewrite one shard's samples through ``edit(samples)`` and refresh its checksum."""
-    manifest = ShardManifest.load(shard_dir)
-    entry = manifest.shards[shard_index]
-    samples = list(read_samples(shard_dir / entry.tar).values())
-    with wds.TarWriter(str(shard_dir / entry.tar)) as writer:
-        for sample in edit(samples):
-            writer.write({k: v for k, v in sample.items() if k != "__url__" and k != "__local_path__"})
-    entry_dict = entry.__dict__ | {"sha256": sha256_of(shard_dir / entry.tar)}
-    manifest.shards[shard_index] = type(entry)(**entry_dict)
-    manifest.save(shard_dir)
-    return entry
-
-
 @pytest.fixture
 def color_copy(color_shards, tmp_path):
     shutil.copytree(color_shards, tmp_path / "shards")
     return tmp_path / "shards"
 
 
+def _refresh_checksums(shard_dir):
+    """What someone who rewrote files would also do: make the manifest's checksums match again."""
+    manifest = ShardManifest.load(shard_dir)
+    manifest.shards = [type(e)(**(e.__dict__ | {"sha256": sha256_of(shard_dir / e.tar)})) for e in manifest.shards]
+    manifest.table_sha256 = sha256_of(shard_dir / manifest.table)
+    manifest.save(shard_dir)
+
+
 def test_validate_reports_corrupt_image_by_shard_and_key(color_copy):
-    def corrupt_second(samples):
-        samples[1]["jpg"] = samples[1]["jpg"][:100]
-        return samples
+    entry = ShardManifest.load(color_copy).shards[1]
+    with tarfile.open(color_copy / entry.tar) as archive:
+        member = [m for m in archive.getmembers() if m.name.endswith(".jpg")][1]
+    blob = bytearray((color_copy / entry.tar).read_bytes())
+    blob[member.offset_data:member.offset_data + 16] = bytes(16)  # same length: only the image is damaged
+    (color_copy / entry.tar).write_bytes(bytes(blob))
+    _refresh_checksums(color_copy)
+    checked, problems = validate_shards(color_copy, progress=False)
+    assert checked == 45 and len(problems) == 1, problems
+    assert problems[0].startswith(f"{entry.tar} key {member.name.split('.')[0]}: image does not decode (")
 
-    entry = _rewrite_shard(color_copy, 1, corrupt_second)
+
+def test_validate_reports_a_stale_index_and_table_rows_that_point_elsewhere(color_copy):
+    manifest = ShardManifest.load(color_copy)
+    entry = manifest.shards[0]
+    samples = list(read_samples(color_copy / entry.tar).values())
+    del samples[0]["cls"]  # rewritten without one component: every later offset moves
+    with wds.TarWriter(str(color_copy / entry.tar)) as writer:
+        for sample in samples:
+            writer.write({k: v for k, v in sample.items() if k not in ("__url__", "__local_path__")})
+    table = np.load(color_copy / manifest.table)
+    table[12] = table[11]  # shard 1 lists one of its samples twice
+    table[30]["shard"] = 0  # and a row claims another shard than its id range
+    np.save(color_copy / manifest.table, table)
+    _refresh_checksums(color_copy)
     _, problems = validate_shards(color_copy, progress=False)
-    assert len(problems) == 1, problems
-    assert problems[0].startswith(f"{entry.tar} key {entry.first_id + 1:010d}: image does not decode (")
-    assert "truncated" in problems[0] or "OSError" in problems[0]
-
-
-def test_validate_reports_missing_component_duplicate_and_missing_ids(color_copy):
-    def break_samples(samples):
-        del samples[0]["cls"]
-        samples[2]["id"] = samples[3]["id"]  # a duplicate id (and one id now missing)
-        return samples
-
-    entry = _rewrite_shard(color_copy, 0, break_samples)
-    _, problems = validate_shards(color_copy, progress=False)
-    assert f"{entry.tar} key 0000000000: missing component(s) .cls" in problems
-    assert "1 instance id(s) appear more than once, e.g. [3]" in problems
-    assert "1 instance id(s) of 0..44 are missing, e.g. [2]" in problems
+    assert problems[0] == ("samples.npy: 1 row(s) lie in another shard than the manifest's id ranges say, "
+                           "e.g. ids [30]").replace("samples.npy", str(color_copy / "samples.npy"))
+    assert f"{entry.index}: sample 0 (0000000000) differs from {entry.tar}'s members; re-index the tar" in problems
+    with tarfile.open(color_copy / entry.tar) as archive:  # where the rewritten tar's images start now
+        images = {(m.offset_data, m.size) for m in archive.getmembers() if m.name.endswith(".jpg")}
+    moved = [i for i in range(10) if (int(table[i]["offset"]), int(table[i]["size"])) not in images]
+    assert len(moved) >= 8, "the rewrite moves (nearly) every image"
+    assert [p for p in problems if p.startswith(f"{entry.tar}: id ")] == [
+        f"{entry.tar}: id {i} points at byte {table[i]['offset']}, where no image of {table[i]['size']} bytes "
+        "starts; rebuild the sample table" for i in moved]
+    assert sum(p.startswith(f"{manifest.shards[1].tar} key ") and p.endswith(": listed twice in the sample table")
+               for p in problems) == 1
 
 
 def test_validate_reports_checksum_and_truncated_tar(color_copy):
@@ -134,24 +164,26 @@ def test_validate_reports_checksum_and_truncated_tar(color_copy):
     tar_path.write_bytes(tar_path.read_bytes()[:5000])
     _, problems = validate_shards(color_copy, progress=False)
     assert f"{manifest.shards[2].tar}: sha256 differs from the manifest (file changed or truncated)" in problems
-    assert any(p.startswith(f"{manifest.shards[2].tar}: unreadable tar") or "holds" in p for p in problems), problems
+    assert any(p.startswith(f"{manifest.shards[2].tar}: unreadable tar") or "where no image" in p
+               for p in problems), problems
 
 
 def test_cli_make_and_validate(tmp_path, capsys):
     out = tmp_path / "synthetic"
     assert main(["make-shards", "--source", "synthetic", "--count", "12", "--image-size", "24", "--out", str(out),
-                 "--samples-per-shard", "5"]) == 0
+                 "--samples-per-shard", "5", "--no-progress"]) == 0
     assert "wrote 12 instances in 3 shard(s)" in capsys.readouterr().out
     assert main(["validate-shards", str(out)]) == 0
     (out / "manifest.json").unlink()
     assert main(["validate-shards", str(out)]) == 2
-    assert "run it again" in capsys.readouterr().err
+    assert "run it again, it resumes" in capsys.readouterr().err
     assert main(["make-shards", "--source", "folder", "--out", str(tmp_path / "x")]) == 2
     assert "--source folder needs --root" in capsys.readouterr().err
+    assert main(["make-shards", "--source", "synthetic", "--labels", "cls", "--out", str(tmp_path / "x")]) == 2
+    assert "--labels cls does not apply to --source synthetic" in capsys.readouterr().err
 
 
 def test_cli_validate_exits_nonzero_on_problems(color_copy, capsys):
-    ShardManifest.load(color_copy)
     first = sorted(color_copy.glob("*.tar"))[0]
     with tarfile.open(first, "a") as archive:  # an extra sample without image or label
         info = tarfile.TarInfo("9999999999.id")
@@ -160,22 +192,5 @@ def test_cli_validate_exits_nonzero_on_problems(color_copy, capsys):
         archive.addfile(info, io.BytesIO(payload))
     assert main(["validate-shards", str(color_copy)]) == 1
     out = capsys.readouterr().out
-    assert "PROBLEM colors-000000.tar key 9999999999: missing component(s) .jpg, .cls" in out
-
-
-def test_image_folder_refuses_links_that_leave_its_root(tmp_path):
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    secret = outside / "secret.png"
-    secret.write_bytes(b"not for the shards")
-    root = tmp_path / "root"
-    (root / "cats").mkdir(parents=True)
-    (root / "cats" / "ok.png").write_bytes(b"inside")
-    assert len(image_folder(root).images) == 1
-    (root / "cats" / "link.png").symlink_to(secret)
-    with pytest.raises(ValueError, match=r"cats/link.png resolves to .*secret.png, outside the image folder"):
-        image_folder(root)
-    (root / "cats" / "link.png").unlink()
-    (root / "dogs").symlink_to(outside, target_is_directory=True)  # a whole class folder elsewhere
-    with pytest.raises(ValueError, match=r"dogs resolves to .*outside, outside the image folder"):
-        image_folder(root)
+    assert "PROBLEM colors-000000.tar: sha256 differs from the manifest (file changed or truncated)" in out
+    assert "PROBLEM colors-000000.idx: lists 10 samples, colors-000000.tar holds 11; re-index the tar" in out

@@ -5,7 +5,9 @@
     instcls eval knn|linear --config FILE --checkpoint DIR
     instcls report --logs DIR [--png FILE]   (a finished run: summary table, curves)
     instcls ablate [--only NAME,...] [--seeds 2] [--doc docs/ablations.md]   (the papers' ablations, CPU ranks)
-    instcls make-shards --source digits|digit-scenes|synthetic|folder --out DIR [...]
+    instcls make-shards --source folder|list|tars|digits|digit-scenes|synthetic --out DIR [--part I/K ...]
+    instcls merge-shards DIR [--wait S]   (after the parts)
+    instcls upgrade-shards DIR   (a shard set from an older make-shards)
     instcls validate-shards DIR
     instcls drill [--only NAME,...]   (fault drills on CPU ranks; prints what survived)
     instcls bench classifier [--num-classes N --batch B --dim D --ranks T --chunk-size C --co2 ...]
@@ -13,6 +15,7 @@
     instcls bench ddp-vs-dhp --ranks T --cap-gib C [--out DIR ...]
     instcls bench exporter [--scrapers 50 --seconds 10 --rounds 3]
     instcls bench pic [--sizes 1281167,14197087,max --store disk --store-dir DIR --cap-gib 16 ...]
+    instcls bench scale [--num-samples 14197087 --ranks 64 ...]   (one epoch's bookkeeping, no images)
     instcls plan --num-classes N --ranks T --batch B [--backbone resnet50 --gpu-memory-gib 32 ...]
 """
 
