@@ -2,7 +2,8 @@
 
 Their keys are the instance ids, their ``.idx`` files say where every component lies, and the
 labels are in the tars' ``.cls`` components.  ``rows_from_index_files`` builds the table from
-those (about 3 us per sample: a loader does it in memory, once per process, and says so);
+the index files (a few us per sample: a loader does it in memory, once per process, and says so;
+labels are read from the tars when asked, as before);
 ``upgrade_shard_set`` writes it next to the manifest once and makes the manifest format 2, after
 which every process maps it.  The tars are not touched.
 """
@@ -19,45 +20,76 @@ from data_pipeline.manifest import FORMAT, ShardEntry, ShardManifest
 from data_pipeline.shard_merge import SKIPPED_REPORT
 from data_pipeline.shard_writer import ID_BYTES, decode_int64
 from data_pipeline.table_file import ROW, TABLE_NAME, write_table
-from data_pipeline.tar_index import read_dali_index
+from data_pipeline.tar_index import FIELDS_PER_COMPONENT, INDEX_VERSION
 
 RECREATE = "recreate the shard set with `instcls make-shards`, or check it with `instcls validate-shards`"
 
 
-def legacy_shard_rows(shard_dir: Path, entry: ShardEntry) -> tuple[np.ndarray, np.ndarray]:
-    """``(ids, rows)`` of one shard, from its index file and its ``.cls`` components."""
-    index_path = Path(shard_dir) / entry.index
-    samples = read_dali_index(index_path)
-    if len(samples) != entry.count:
-        raise ValueError(f"{index_path}: lists {len(samples)} samples, the manifest says {entry.count} for "
-                         f"{entry.tar}; {RECREATE}")
-    ids = np.empty(len(samples), dtype=np.int64)
-    rows = np.zeros(len(samples), dtype=ROW)
-    with open(Path(shard_dir) / entry.tar, "rb") as tar:
-        for at, sample in enumerate(samples):
-            jpeg, label = sample.find("jpg"), sample.find("cls")
-            if jpeg is None or label is None:
-                raise ValueError(f"{index_path}: sample {sample.key} has no .jpg or no .cls component; {RECREATE}")
-            if not sample.key.isdigit():
-                raise ValueError(f"{index_path}: key {sample.key!r} is not an instance id; {RECREATE}")
-            ids[at] = int(sample.key)
-            tar.seek(label.offset)
-            rows[at] = (0, jpeg.size, jpeg.offset, decode_int64(tar.read(ID_BYTES)))
+def _component_column(rows: np.ndarray, extension: str, index_path: Path) -> np.ndarray:
+    """Per sample, the first field of its ``extension`` group; every sample must have one."""
+    extensions = rows[:, 0::FIELDS_PER_COMPONENT]
+    matches = extensions == extension
+    missing = np.flatnonzero(matches.sum(axis=1) != 1)
+    if missing.size:
+        raise ValueError(f"{index_path}: sample line {missing[0] + 2} has no single .{extension} component; {RECREATE}")
+    return matches.argmax(axis=1) * FIELDS_PER_COMPONENT
+
+
+def parse_index(index_path: Path, entry: ShardEntry) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(ids, jpeg offsets, jpeg sizes, label offsets)`` of one shard's index file, in stored order
+    (vectorised: every sample of a format-1 shard has the same components)."""
+    tokens = index_path.read_text().split()
+    if tokens[:2] != [INDEX_VERSION, str(entry.count)]:
+        raise ValueError(f"{index_path}: header {' '.join(tokens[:2])!r} is not '{INDEX_VERSION} {entry.count}' "
+                         f"(the manifest's count for {entry.tar}); {RECREATE}")
+    body = np.array(tokens[2:])
+    if body.size % entry.count:
+        raise ValueError(f"{index_path}: samples list different numbers of components; {RECREATE}")
+    rows = body.reshape(entry.count, -1)
+    every_sample = np.arange(entry.count)
+    jpeg, label = (_component_column(rows, ext, index_path) for ext in ("jpg", "cls"))
+    keys = np.char.partition(rows[every_sample, jpeg + 3], ".")[:, 0]
+    try:
+        ids = keys.astype(np.int64)
+    except ValueError as error:
+        raise ValueError(f"{index_path}: a key is not an instance id ({error}); {RECREATE}") from error
     expected = np.arange(entry.first_id, entry.first_id + entry.count)
     if not np.array_equal(np.sort(ids), expected):
-        raise ValueError(f"{index_path}: keys are not exactly the ids [{entry.first_id}, {entry.first_id + entry.count})"
-                         f" that the manifest gives {entry.tar}; {RECREATE}")
+        raise ValueError(f"{index_path}: keys are not exactly the ids [{entry.first_id}, "
+                         f"{entry.first_id + entry.count}) that the manifest gives {entry.tar}; {RECREATE}")
+    as_int = lambda column: rows[every_sample, column].astype(np.int64)  # noqa: E731
+    return ids, as_int(jpeg + 1), as_int(jpeg + 2), as_int(label + 1)
+
+
+def read_labels(tar_path: Path, offsets: np.ndarray) -> np.ndarray:
+    """The int64 ``.cls`` values at ``offsets`` of one tar."""
+    labels = np.empty(len(offsets), dtype=np.int64)
+    with open(tar_path, "rb") as tar:
+        for at, offset in enumerate(offsets.tolist()):
+            tar.seek(offset)
+            labels[at] = decode_int64(tar.read(ID_BYTES))
+    return labels
+
+
+def legacy_shard_rows(shard_dir: Path, entry: ShardEntry) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, rows)`` of one shard, labels read from its tar."""
+    ids, offsets, sizes, label_offsets = parse_index(Path(shard_dir) / entry.index, entry)
+    rows = np.zeros(len(ids), dtype=ROW)
+    rows["offset"], rows["size"] = offsets, sizes
+    rows["label"] = read_labels(Path(shard_dir) / entry.tar, label_offsets)
     return ids, rows
 
 
-def rows_from_index_files(shard_dir: Path, manifest: ShardManifest) -> np.ndarray:
-    """The sample table of a format-1 shard set, in memory."""
+def rows_from_index_files(shard_dir: Path, manifest: ShardManifest) -> tuple[np.ndarray, np.ndarray]:
+    """``(table rows, label offsets)`` of a format-1 shard set, in memory; the labels stay in the
+    tars (``label`` is 0 here) and are read when asked, as before the table existed."""
     table = np.zeros(manifest.num_instances, dtype=ROW)
+    label_offsets = np.zeros(manifest.num_instances, dtype=np.int64)
     for position, entry in enumerate(manifest.shards):
-        ids, rows = legacy_shard_rows(shard_dir, entry)
-        rows["shard"] = position
-        table[ids] = rows
-    return table
+        ids, offsets, sizes, labels_at = parse_index(Path(shard_dir) / entry.index, entry)
+        table["shard"][ids], table["offset"][ids], table["size"][ids] = position, offsets, sizes
+        label_offsets[ids] = labels_at
+    return table, label_offsets
 
 
 def upgrade_shard_set(shard_dir: Path) -> ShardManifest:
@@ -69,7 +101,11 @@ def upgrade_shard_set(shard_dir: Path) -> ShardManifest:
         return manifest
     entries = sorted(manifest.shards, key=lambda entry: entry.first_id)
     manifest.shards = entries
-    table_sha256 = write_table(shard_dir / TABLE_NAME, rows_from_index_files(shard_dir, manifest))
+    rows, label_offsets = rows_from_index_files(shard_dir, manifest)
+    for entry in entries:
+        ids = slice(entry.first_id, entry.first_id + entry.count)
+        rows["label"][ids] = read_labels(shard_dir / entry.tar, label_offsets[ids])
+    table_sha256 = write_table(shard_dir / TABLE_NAME, rows)
     report = shard_dir / SKIPPED_REPORT
     tmp = report.with_name(f"{report.name}.tmp-{os.getpid()}")
     tmp.write_text("".join(json.dumps(problem) + "\n" for problem in manifest.skipped))

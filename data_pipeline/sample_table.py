@@ -20,6 +20,7 @@ import numpy as np
 
 from data_pipeline.legacy_table import RECREATE, rows_from_index_files
 from data_pipeline.manifest import MANIFEST_NAME, ShardEntry, ShardManifest
+from data_pipeline.shard_writer import ID_BYTES, decode_int64
 from data_pipeline.table_file import open_table
 from data_pipeline.tar_index import read_dali_index
 
@@ -50,9 +51,10 @@ class SampleTable:
         if not contiguous or ends[-1] != self.num_samples:
             raise ValueError(f"{self.shard_dir}/manifest.json: shards do not hold ids 0..{self.num_samples - 1} "
                              f"contiguously in their order; {RECREATE}")
+        self._label_offsets = None  # format 1: labels are read from the tars
         if manifest.legacy:
             started = time.perf_counter()
-            self.rows = rows_from_index_files(self.shard_dir, manifest)
+            self.rows, self._label_offsets = rows_from_index_files(self.shard_dir, manifest)
             warnings.warn(f"{self.shard_dir} was written by an older make-shards and has no sample table: this "
                           f"process parsed its {self.num_samples} index entries in "
                           f"{time.perf_counter() - started:.2f} s. Run `instcls upgrade-shards {self.shard_dir}` "
@@ -103,6 +105,8 @@ class SampleTable:
         return self._read(sample_id, int(row["offset"]), int(row["size"]), "jpg")
 
     def read_label(self, sample_id: int) -> int:
+        if self._label_offsets is not None:
+            return decode_int64(self._read(sample_id, int(self._label_offsets[sample_id]), ID_BYTES, "cls"))
         return int(self.rows[sample_id]["label"])
 
 
