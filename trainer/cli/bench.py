@@ -21,6 +21,7 @@ def register(commands) -> None:
     _add_ddp_vs_dhp(benchmarks)
     _add_pic(benchmarks)
     _add_exporter(benchmarks)
+    _add_scale(benchmarks)
 
 
 def _add_bench(benchmarks, name: str, settings_class: type, handler, help: str, description: str | None = None,
@@ -141,6 +142,26 @@ def _run_exporter(args: argparse.Namespace) -> int:
     if args.scrapers < 1 or args.rounds < 1 or args.seconds <= 0:
         raise ValueError("bench exporter: --scrapers and --rounds must be >= 1 and --seconds > 0")
     summary = run(settings_from_args(ExporterBenchSettings, args))
+    print(format_report(summary))
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+def _add_scale(benchmarks) -> None:
+    from trainer.bench.scale_bench import ScaleBenchSettings
+
+    _add_bench(benchmarks, "scale", ScaleBenchSettings, _run_scale,
+               help="the bookkeeping of one ImageNet-21K epoch without images: time and peak memory vs N",
+               description="Opens a synthetic sample table, builds the samplers' permutations and step plans, the "
+               "hard-negative index, PIC's recent ids and a checkpoint's row re-split at --num-samples and at "
+               "--compare-samples, and prints how each grows with N.")
+
+
+def _run_scale(args: argparse.Namespace) -> int:
+    from trainer.bench.scale_bench import ScaleBenchSettings, format_report, run
+
+    summary = run(settings_from_args(ScaleBenchSettings, args))
     print(format_report(summary))
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))
