@@ -43,3 +43,16 @@ class RecentIds:
         self._ring[:] = 0
         self._next = self._count = 0
         self.push(state["ids"].numpy())
+
+
+def sorted_union(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """``np.union1d(first, second)``: the sorted distinct values of both, by one sort and a mask.
+    (numpy 2.4's ``np.unique``, which ``union1d`` calls, took 17x as long on PIC's 70k ids per
+    step: 35 ms of host time per step, measured by `instcls bench scale`.)"""
+    values = np.sort(np.concatenate([np.ravel(first), np.ravel(second)]))
+    if values.size == 0:
+        return values
+    keep = np.empty(values.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(values[1:], values[:-1], out=keep[1:])
+    return values[keep]

@@ -32,7 +32,7 @@ from trainer.classifier.config import HeadSettings
 from trainer.classifier.head import CosineHead
 from trainer.classifier.lazy_sgd import LazyRowSGD
 from trainer.classifier.module import gaussian_rows
-from trainer.classifier.recent_ids import RecentIds
+from trainer.classifier.recent_ids import RecentIds, sorted_union
 from trainer.classifier.row_store import STORE_KINDS, make_row_store
 from trainer.classifier.sharding import ClassShard
 from trainer.classifier.working_set import WorkingSet
@@ -137,7 +137,7 @@ class PicObjective(Objective):
         and the batch's valid ids (padding repeats are neither targets nor negatives)."""
         if self.config.negatives == "all":
             return None
-        return np.union1d(self.recent.ids(), batch.ids[batch.valid])
+        return sorted_union(self.recent.ids(), batch.ids[batch.valid])
 
     def _local_rows(self, sampled: np.ndarray | None) -> np.ndarray:
         """Sorted local row indices of the sampled ids this rank owns."""
