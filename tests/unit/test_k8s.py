@@ -25,6 +25,11 @@ def all_documents():
                 yield path.name, document
 
 
+def is_training_job(document) -> bool:
+    """The training Job (make-shards-job.yaml holds Jobs too: tests/unit/test_make_shards_job.py)."""
+    return document["kind"] == "Job" and document["metadata"]["labels"]["app.kubernetes.io/component"] == "train"
+
+
 def test_every_manifest_validates():
     kinds = set()
     for name, document in all_documents():
@@ -44,7 +49,7 @@ def test_every_manifest_validates():
 
 
 def test_validation_catches_a_broken_manifest():
-    _, job = next((n, d) for n, d in all_documents() if d["kind"] == "Job")
+    _, job = next((n, d) for n, d in all_documents() if is_training_job(d))
     job["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = "not-a-port"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(job, KUBERNETES_VERSION, strict=True)
@@ -55,7 +60,7 @@ def test_validation_catches_a_broken_manifest():
 
 
 def test_training_pods_have_what_the_job_needs():
-    job = next(d for _, d in all_documents() if d["kind"] == "Job")
+    job = next(d for _, d in all_documents() if is_training_job(d))
     spec = job["spec"]
     pod = spec["template"]["spec"]
     container = pod["containers"][0]
@@ -118,7 +123,7 @@ def test_dockerfile_builds_from_the_repository_as_a_non_root_user():
 
 
 def test_training_pods_run_as_non_root_with_a_read_only_root_filesystem():
-    pods = [d["spec"]["template"]["spec"] for _, d in all_documents() if d["kind"] == "Job"]
+    pods = [d["spec"]["template"]["spec"] for _, d in all_documents() if is_training_job(d)]
     pods += [replica["template"]["spec"] for _, d in all_documents() if d["kind"] == "PyTorchJob"
              for replica in d["spec"]["pytorchReplicaSpecs"].values()]
     assert len(pods) == 3
@@ -135,7 +140,7 @@ def test_training_pods_run_as_non_root_with_a_read_only_root_filesystem():
 
 
 def training_pods():
-    pods = [d["spec"]["template"]["spec"] for _, d in all_documents() if d["kind"] == "Job"]
+    pods = [d["spec"]["template"]["spec"] for _, d in all_documents() if is_training_job(d)]
     pods += [replica["template"]["spec"] for _, d in all_documents() if d["kind"] == "PyTorchJob"
              for replica in d["spec"]["pytorchReplicaSpecs"].values()]
     assert len(pods) == 3
