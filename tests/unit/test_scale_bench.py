@@ -1,5 +1,6 @@
-"""`instcls bench scale` runs every item at two sizes and reads growth the right way round (its
-figures are for the README, not asserted); PIC's per-step union is numpy's union1d, faster."""
+"""`instcls bench scale` runs every item at two sizes and reads growth the right way round, and
+`instcls bench ingest` times the three ways in (their figures are for the README, not asserted);
+PIC's per-step union is numpy's union1d, faster."""
 
 import json
 
@@ -48,3 +49,13 @@ def test_sorted_union_is_union1d(sizes):
     first, second = (rng.integers(0, 1000 if n < 1000 else 10**7, n) for n in sizes)
     assert np.array_equal(sorted_union(first, second), np.union1d(first, second))
     assert sorted_union(first, second).dtype == np.union1d(first, second).dtype
+
+
+def test_bench_ingest_times_each_way_in_for_each_worker_count(tmp_path, capsys):
+    assert main(["bench", "ingest", "--images", "12", "--width", "64", "--height", "48", "--workers", "1",
+                 "--samples-per-shard", "5", "--json", str(tmp_path / "ingest.json")]) == 0
+    rows = json.loads((tmp_path / "ingest.json").read_text())["rows"]
+    assert [(row["run"], row["workers"]) for row in rows] == [
+        ("folder -> shards, JPEGs kept", 1), ("folder -> shards, --max-side 256", 1), ("tars indexed in place", 1)]
+    assert all(row["images_per_s"] == pytest.approx(12 / row["seconds"]) for row in rows)
+    assert "| tars indexed in place | 1 |" in capsys.readouterr().out

@@ -16,6 +16,7 @@
     instcls bench exporter [--scrapers 50 --seconds 10 --rounds 3]
     instcls bench pic [--sizes 1281167,14197087,max --store disk --store-dir DIR --cap-gib 16 ...]
     instcls bench scale [--num-samples 14197087 --ranks 64 ...]   (one epoch's bookkeeping, no images)
+    instcls bench ingest [--images 2000 --workers 1,2 ...]   (make-shards images/s per core)
     instcls plan --num-classes N --ranks T --batch B [--backbone resnet50 --gpu-memory-gib 32 ...]
 """
 

@@ -22,6 +22,7 @@ def register(commands) -> None:
     _add_pic(benchmarks)
     _add_exporter(benchmarks)
     _add_scale(benchmarks)
+    _add_ingest(benchmarks)
 
 
 def _add_bench(benchmarks, name: str, settings_class: type, handler, help: str, description: str | None = None,
@@ -162,6 +163,23 @@ def _run_scale(args: argparse.Namespace) -> int:
     from trainer.bench.scale_bench import ScaleBenchSettings, format_report, run
 
     summary = run(settings_from_args(ScaleBenchSettings, args))
+    print(format_report(summary))
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+def _add_ingest(benchmarks) -> None:
+    from trainer.bench.ingest_bench import IngestBenchSettings
+
+    _add_bench(benchmarks, "ingest", IngestBenchSettings, _run_ingest,
+               help="make-shards images/s and images/s per worker on photo-like JPEGs (kept, shrunk, tars in place)")
+
+
+def _run_ingest(args: argparse.Namespace) -> int:
+    from trainer.bench.ingest_bench import IngestBenchSettings, format_report, run
+
+    summary = run(settings_from_args(IngestBenchSettings, args))
     print(format_report(summary))
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))
