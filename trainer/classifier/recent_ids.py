@@ -47,8 +47,8 @@ class RecentIds:
 
 def sorted_union(first: np.ndarray, second: np.ndarray) -> np.ndarray:
     """``np.union1d(first, second)``: the sorted distinct values of both, by one sort and a mask.
-    (numpy 2.4's ``np.unique``, which ``union1d`` calls, took 17x as long on PIC's 70k ids per
-    step: 35 ms of host time per step, measured by `instcls bench scale`.)"""
+    (numpy 2.4's ``np.unique``, which ``union1d`` calls, takes 14x as long on PIC's 65536 + 4096
+    ids: 10.5 ms instead of 0.75 ms of host time per step here, found by `instcls bench scale`.)"""
     values = np.sort(np.concatenate([np.ravel(first), np.ravel(second)]))
     if values.size == 0:
         return values
