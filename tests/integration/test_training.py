@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import re
 import subprocess
 import sys
 import time
@@ -150,8 +151,19 @@ def test_training_evaluates_on_schedule_and_summarises(digits_split, tmp_path):
     """The evaluation schedule and the run's summaries in a short run; whether it learns is held by
     the slow tests below and on the digit scenes."""
     result = run_train(tmp_path, digits_split, 2, ["optim.epochs=3", "eval.knn_at_end=true", "eval.every_epochs=1",
-                                                   "eval.linear_at_end=true"])
+                                                   "eval.linear_at_end=true", "logging.progress=true",
+                                                   "logging.progress_every_s=0"])
     _assert_evaluated_on_schedule_and_summarised(tmp_path, result, epochs=3, every=1)
+    # Output to a pipe, as in a pod log: plain progress lines, one per log step, no carriage returns,
+    # and none of the warnings every run used to print.
+    output = result.stdout + result.stderr
+    assert "\r" not in output
+    progress = [line for line in result.stdout.splitlines() if re.match(r"\[instcls\] epoch \d+ step \d+/12 ", line)]
+    logged = [json.loads(line) for line in (tmp_path / "logs" / "rank-00000.jsonl").read_text().splitlines()
+              if '"event": "step"' in line]
+    assert [int(re.search(r"\(run (\d+)/36\)", line)[1]) for line in progress] == [r["step"] for r in logged]
+    assert all(f"loss {r['loss']:.4f}" in line for r, line in zip(logged, progress))
+    assert "Warning" not in output and "Setting accelerator" not in output, output[-3000:]
 
 
 @pytest.mark.slow

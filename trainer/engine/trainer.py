@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from data_pipeline.loader import build_loader
 from data_pipeline.manifest import ShardManifest
@@ -42,6 +41,7 @@ from trainer.models import build_model
 from trainer.objectives import ObjectiveContext, OptimSettings, StepViews, View, build_objective, objective_parameters
 from trainer.observability.logs import JsonlLog
 from trainer.observability.metrics import TrainingMetrics
+from trainer.observability.progress import epoch_bar
 from trainer.observability.what_runs import what_runs
 from trainer.parallel import ParallelDims
 
@@ -109,6 +109,7 @@ class Trainer:
             peak_lr=peak_lr, warmup_steps=round(config.optim.warmup_epochs * self.steps_per_epoch),
             total_steps=total_steps, min_lr=peak_lr * config.optim.min_lr_ratio,
         )
+        self.record.show_progress(config.logging, min(total_steps, config.max_steps or total_steps), self.steps_per_epoch)
 
         self.state = TrainerState()
         # Everything a checkpoint holds, restored in this order: the RNG last, after the position
@@ -195,8 +196,7 @@ class Trainer:
         epoch_start = time.perf_counter()
         self.objective.on_epoch_start(epoch)
         self.engine.train()
-        bar = tqdm(total=self.steps_per_epoch, initial=state.step_in_epoch, desc=f"epoch {epoch}", disable=not (
-            config.logging.progress and dims.rank == 0), unit="step")
+        bar = epoch_bar(self.steps_per_epoch, state.step_in_epoch, epoch, config.logging.progress and dims.rank == 0)
         self.record.start_window()
         wait_start = time.perf_counter()
         # The loader starts at the first step not yet done: nothing before it is read or decoded.
@@ -222,8 +222,8 @@ class Trainer:
             if log_step:
                 window = self.record.close_window()  # the throughput, before the syncs below
                 self.nonfinite.check(dims.control_group, state.global_step, str(self.last_checkpoint or ""))
-                self.record.log_step(epoch, state.global_step, loss, self.schedule.lr_at(state.global_step - 1),
-                                     self.objective, window)
+                self.record.log_step(epoch, state.step_in_epoch, state.global_step, loss,
+                                     self.schedule.lr_at(state.global_step - 1), self.objective, window)
             every = config.checkpoint.every_steps
             if every and state.global_step % every == 0:
                 self._save()
