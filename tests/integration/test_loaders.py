@@ -256,3 +256,16 @@ def test_dali_builds_one_pipeline_per_loader_and_a_reused_one_reads_like_a_new_o
         for a, b in zip(expected, got, strict=True):
             assert all(torch.equal(x, y) for x, y in zip(a.views, b.views, strict=True))
             assert torch.equal(a.instance_ids, b.instance_ids) and torch.equal(a.valid, b.valid)
+
+
+def test_a_training_set_smaller_than_one_global_batch_is_refused_with_the_fix(tmp_path):
+    from data_pipeline.shards import ShardSettings, write_shards
+    from data_pipeline.sources import synthetic
+
+    write_shards(synthetic(20, 16), tmp_path, ShardSettings(), progress=False)
+    config = LoaderConfig(batch_size=64, backend="torch", num_threads=1, augment=AugmentConfig(image_size=16))
+    with pytest.raises(ValueError, match=rf"{tmp_path} holds 20 samples, fewer than one global batch \(data.loader."
+                                         r"batch_size 64 x 2 ranks = 128\): set data.loader.batch_size to at most 10"):
+        build_loader(tmp_path, config, 0, 2, CPU, train=True)
+    assert len(build_loader(tmp_path, config, 0, 2, CPU, train=False)) == 1, "an evaluation set may be small"
+    assert len(build_loader(tmp_path, replace(config, batch_size=10), 0, 2, CPU, train=True)) == 1

@@ -33,8 +33,11 @@ def _run_train(args: argparse.Namespace) -> int:
     from trainer.parallel.determinism import apply_determinism
     from trainer.parallel.dims import shutdown_distributed
     from trainer.parallel.host_memory import keep_freed_host_memory
+    from trainer.parallel.single_process import describe_single_process_job
 
     config = load_job_config(args.config, args.overrides)
+    if (single := describe_single_process_job()) is not None:
+        print(f"[instcls] {single}", file=sys.stderr)
     apply_determinism(config.parallel.deterministic)  # before init_distributed's first CUDA call
     dims = init_distributed(config.parallel.classifier_parallel_size, device=config.parallel.device)
     keep_freed_host_memory(dims.device)  # CPU ranks: chunk temporaries stop page-faulting
