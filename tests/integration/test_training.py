@@ -2,8 +2,8 @@
 
 import json
 import os
-import signal
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -224,3 +224,19 @@ def test_eval_commands_score_a_checkpoint_as_the_trainer_did(digits_split, tmp_p
     assert abs(accuracy["knn", str(checkpoint)] - 100 * logged["knn_trained"]) <= 0.3, (accuracy, logged)
     assert abs(accuracy["knn", "random-init"] - 100 * logged["knn_random_init"]) <= 0.3, (accuracy, logged)
     assert all(50 < accuracy["linear", name] <= 100 for name in (str(checkpoint), "random-init")), accuracy
+    # A checkpoint of another network is one sentence naming the difference, from `instcls eval`
+    # and from a resume, before any tensor fails to fit (and the checkpoint is left as it was).
+    other = ["--set", "model.arch=resnet10", "--set", "model.feature_dim=64"]
+    args = ["eval", "knn", "--config", str(REPO / "configs/digits_cpu.yaml"), "--checkpoint", str(checkpoint)]
+    assert main(args + [item for s in settings for item in ("--set", s)] + other) == 2
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and "model.arch is 'resnet18' there and 'resnet10' here" in said[0], said
+    assert "model.feature_dim is 128 there and 64 here" in said[0] and "objective" not in said[0]
+    files = {p: p.stat().st_mtime_ns for p in checkpoint.rglob("*")}
+    command = train_command(tmp_path, digits_split, 2, FAST + ["model.arch=resnet10"], resume="auto")
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert result.returncode != 0
+    assert f"checkpoint {checkpoint} was trained with another job: model.arch is 'resnet18' there and " \
+           "'resnet10' here. Resume it with the config" in result.stderr, result.stderr[-3000:]
+    assert "Unexpected key" not in result.stderr and files == {p: p.stat().st_mtime_ns for p in checkpoint.rglob("*")}

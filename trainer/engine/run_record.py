@@ -26,10 +26,11 @@ class RunRecord:
         self._window_start, self._window_images, self._window_wait = time.perf_counter(), 0, 0.0
         self.progress: ProgressLines | None = None
 
-    def show_progress(self, logging_section, total_steps: int, steps_per_epoch: int) -> None:
+    def show_progress(self, logging_section, total_steps: int, max_steps: int | None, steps_per_epoch: int) -> None:
         """Rank 0 with ``logging.progress`` off a terminal: plain lines at log steps (the bar needs a terminal)."""
         if self.rank == 0 and logging_section.progress and not on_terminal(sys.stderr):
-            self.progress = ProgressLines(total_steps, steps_per_epoch, logging_section.progress_every_s)
+            last_step = total_steps if max_steps is None else min(total_steps, max_steps)
+            self.progress = ProgressLines(last_step, steps_per_epoch, logging_section.progress_every_s)
 
     def say(self, message: str) -> None:
         self.log.write(event="message", message=message)

@@ -32,6 +32,7 @@ from trainer.engine.engine_state import EngineState
 from trainer.engine.failpoints import armed, fail_point
 from trainer.engine.preemption import NonFiniteWatch, StopSignal
 from trainer.engine.rng_state import RngState, reseed
+from trainer.engine.run_fingerprint import refuse_another_jobs_checkpoint, run_fingerprint
 from trainer.engine.run_record import RunRecord
 from trainer.engine.step_skipping import StepSkipper
 from trainer.engine.training_eval import TrainingEvaluation
@@ -109,13 +110,14 @@ class Trainer:
             peak_lr=peak_lr, warmup_steps=round(config.optim.warmup_epochs * self.steps_per_epoch),
             total_steps=total_steps, min_lr=peak_lr * config.optim.min_lr_ratio,
         )
-        self.record.show_progress(config.logging, min(total_steps, config.max_steps or total_steps), self.steps_per_epoch)
+        self.record.show_progress(config.logging, total_steps, config.max_steps, self.steps_per_epoch)
 
         self.state = TrainerState()
+        self.fingerprint = run_fingerprint(config, self.num_instances)
         # Everything a checkpoint holds, restored in this order: the RNG last, after the position
         # it reseeds from on a new world size and after anything that might draw from it.
         self.checkpoint_state = {
-            "trainer": FieldsState(self.state, num_instances=self.num_instances),
+            "trainer": FieldsState(self.state, num_instances=self.num_instances, fingerprint=self.fingerprint),
             "engine": EngineState(self.engine, log=self._say),
             "objective": self.objective,
             "sampler": self.train_loader.sampler,
@@ -136,6 +138,7 @@ class Trainer:
     # -- helpers ---------------------------------------------------------------------------
 
     def _restore(self, path: Path) -> None:
+        refuse_another_jobs_checkpoint(path, self.fingerprint)  # before any tensor fails to fit
         load_checkpoint(path, self.checkpoint_state, self.dims)
         self._say(f"resumed from {path} at epoch {self.state.epoch} step {self.state.global_step}")
 
