@@ -3,6 +3,7 @@ checkpoint, a full disk, SIGTERM) and check that it resumes to exactly the unint
 
 from __future__ import annotations
 
+import re
 import resource
 import shutil
 import signal
@@ -11,10 +12,11 @@ import time
 from pathlib import Path
 
 from trainer.drills.context import (
-    CADENCE, FOUR_STEPS, NO_LOSS, DrillContext, DrillResult, first_step_after, killed_at, resume_and_compare,
+    FOUR_STEPS, NO_LOSS, DrillContext, DrillResult, first_step_after, killed_at, resume_and_compare,
 )
 from trainer.drills.jobs import LAUNCH, REPO, Job, accounting_difference, job_env, state_difference
 from trainer.engine.checkpoint_files import checkpoint_damage, checkpoint_name, complete_checkpoints, resolve_resume
+from trainer.exit_codes import ExitCode
 
 
 def rank_killed_mid_step(context: DrillContext) -> DrillResult:
@@ -51,7 +53,7 @@ def killed_during_save(context: DrillContext, fault: str, completes: bool, run_d
         "rank-killed-while-saving", f"SIGKILL at {fault} while checkpoint 4 is written",
         f"exit {killed.returncode}; step 4 left as .tmp: {partial}; --resume auto took {picked.name if picked else None}; "
         f"partial files left after the resume: {leftover}", lost, recovery,
-        killed.returncode != 0 and kill_time is not None and partial != completes and picked == expected
+        killed.returncode == ExitCode.CRASHED and kill_time is not None and partial != completes and picked == expected
         and newest_is_expected and not leftover and same)
 
 
@@ -94,27 +96,44 @@ def disk_full_during_save(context: DrillContext) -> DrillResult:
         "disk-full-during-save", "every file write over 1 MiB fails (EFBIG) while checkpoint 4 is saved",
         f"exit {failed.returncode}; error names path and bytes: {named}; traceback: {traceback}; "
         f"{previous.name} intact: {intact}", lost, recovery,
-        failed.returncode != 0 and named and not traceback and intact and same)
+        failed.returncode == ExitCode.CHECKPOINT_WRITE_FAILED and named and not traceback and intact and same)
 
 
 def preempted_with_sigterm(context: DrillContext) -> DrillResult:
+    """SIGTERM to `instcls launch` mid-run, as Kubernetes sends it to a pod: a complete checkpoint and
+    the retryable exit code.  Then the same command again, as the Job's replacement pod runs it:
+    it resumes and ends bit-identical to the uninterrupted run, exit 0.  Rank 0 waits after step 2's
+    backward until it has the signal, so the signal lands mid-run however fast the machine is."""
     job = Job(context.directory("preempted-with-sigterm"), context.shards)
-    process = subprocess.Popen(job.command(CADENCE + ["optim.epochs=50", "logging.log_every=1"], resume="none",
-                                           launcher=LAUNCH),
-                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=job_env())
-    deadline = time.time() + 300
-    while time.time() < deadline and process.poll() is None:
-        if sum(r.get("event") == "step" for r in job.log_records()) >= 3:
+    command = job.command(FOUR_STEPS, resume="auto", launcher=LAUNCH)  # --resume auto, as in k8s/
+    env = job_env(INSTCLS_FAILPOINT="train.wait_for_sigterm,rank=0,step=2")
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if "fail point train.wait_for_sigterm" in line:
             break
-        time.sleep(0.2)
     signalled = time.time()
     process.send_signal(signal.SIGTERM)
-    output, _ = process.communicate(timeout=300)
+    output = "".join(lines) + process.communicate(timeout=300)[0]
     exited = round(time.time() - signalled, 1)
+    saving = re.search(r"SIGTERM: saving at step (\d+)", output)
     saved = complete_checkpoints(job.checkpoints)
-    complete = bool(saved) and checkpoint_damage(saved[-1]) is None and "SIGTERM: saving at step" in output
+    complete = (saving is not None and bool(saved) and saved[-1].name == checkpoint_name(int(saving.group(1)))
+                and int(saving.group(1)) < 4 and checkpoint_damage(saved[-1]) is None
+                and not list(job.checkpoints.glob("*.tmp")))
+    relaunched_at = time.time()
+    relaunched = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    first_step = first_step_after(job, relaunched_at)  # the relaunch's; the stopped run's last step came after the signal
+    resumed = bool(saved) and f"resumed from {saved[-1]}" in relaunched.stdout + relaunched.stderr
+    newest = complete_checkpoints(job.checkpoints)
+    difference = state_difference(newest[-1], context.reference) if newest else "no checkpoint at all"
     return DrillResult(
-        "preempted-with-sigterm", "SIGTERM to `instcls launch` (what Kubernetes sends a pod)",
-        f"exit {process.returncode}; {saved[-1].name if saved else 'no checkpoint'} complete; "
-        f"saved and exited {exited} s after the signal", "none: the run resumes from that step", exited,
-        process.returncode == 0 and complete)
+        "preempted-with-sigterm", "SIGTERM to `instcls launch` mid-run (what Kubernetes sends a pod), then the "
+        "same command again",
+        f"exit {process.returncode} (retryable: {process.returncode == ExitCode.PREEMPTED}) {exited} s after the "
+        f"signal; {saved[-1].name if saved else 'no checkpoint'} complete: {complete}; the same command resumed "
+        f"from it: {resumed}, exit {relaunched.returncode}", difference or NO_LOSS,
+        None if first_step is None else round(relaunched_at - signalled + first_step, 1),
+        process.returncode == ExitCode.PREEMPTED and complete and resumed and relaunched.returncode == ExitCode.FINISHED
+        and difference is None)
