@@ -1,20 +1,17 @@
-"""Drills that crash or stop a job (a rank killed mid-step or mid-save, a damaged newest
-checkpoint, a full disk, SIGTERM) and check that it resumes to exactly the uninterrupted state."""
+"""Drills that crash a job (a rank killed mid-step or mid-save, a damaged newest checkpoint, a full
+disk) and check that it resumes to exactly the uninterrupted state."""
 
 from __future__ import annotations
 
-import re
 import resource
 import shutil
-import signal
-import subprocess
 import time
 from pathlib import Path
 
 from trainer.drills.context import (
     FOUR_STEPS, NO_LOSS, DrillContext, DrillResult, first_step_after, killed_at, resume_and_compare,
 )
-from trainer.drills.jobs import LAUNCH, REPO, Job, accounting_difference, job_env, state_difference
+from trainer.drills.jobs import LAUNCH, Job, accounting_difference, job_env, state_difference
 from trainer.engine.checkpoint_files import checkpoint_damage, checkpoint_name, complete_checkpoints, resolve_resume
 from trainer.exit_codes import ExitCode
 
@@ -97,43 +94,3 @@ def disk_full_during_save(context: DrillContext) -> DrillResult:
         f"exit {failed.returncode}; error names path and bytes: {named}; traceback: {traceback}; "
         f"{previous.name} intact: {intact}", lost, recovery,
         failed.returncode == ExitCode.CHECKPOINT_WRITE_FAILED and named and not traceback and intact and same)
-
-
-def preempted_with_sigterm(context: DrillContext) -> DrillResult:
-    """SIGTERM to `instcls launch` mid-run, as Kubernetes sends it to a pod: a complete checkpoint and
-    the retryable exit code.  Then the same command again, as the Job's replacement pod runs it:
-    it resumes and ends bit-identical to the uninterrupted run, exit 0.  Rank 0 waits after step 2's
-    backward until it has the signal, so the signal lands mid-run however fast the machine is."""
-    job = Job(context.directory("preempted-with-sigterm"), context.shards)
-    command = job.command(FOUR_STEPS, resume="auto", launcher=LAUNCH)  # --resume auto, as in k8s/
-    env = job_env(INSTCLS_FAILPOINT="train.wait_for_sigterm,rank=0,step=2")
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    lines = []
-    for line in process.stdout:
-        lines.append(line)
-        if "fail point train.wait_for_sigterm" in line:
-            break
-    signalled = time.time()
-    process.send_signal(signal.SIGTERM)
-    output = "".join(lines) + process.communicate(timeout=300)[0]
-    exited = round(time.time() - signalled, 1)
-    saving = re.search(r"SIGTERM: saving at step (\d+)", output)
-    saved = complete_checkpoints(job.checkpoints)
-    complete = (saving is not None and bool(saved) and saved[-1].name == checkpoint_name(int(saving.group(1)))
-                and int(saving.group(1)) < 4 and checkpoint_damage(saved[-1]) is None
-                and not list(job.checkpoints.glob("*.tmp")))
-    relaunched_at = time.time()
-    relaunched = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
-    first_step = first_step_after(job, relaunched_at)  # the relaunch's; the stopped run's last step came after the signal
-    resumed = bool(saved) and f"resumed from {saved[-1]}" in relaunched.stdout + relaunched.stderr
-    newest = complete_checkpoints(job.checkpoints)
-    difference = state_difference(newest[-1], context.reference) if newest else "no checkpoint at all"
-    return DrillResult(
-        "preempted-with-sigterm", "SIGTERM to `instcls launch` mid-run (what Kubernetes sends a pod), then the "
-        "same command again",
-        f"exit {process.returncode} (retryable: {process.returncode == ExitCode.PREEMPTED}) {exited} s after the "
-        f"signal; {saved[-1].name if saved else 'no checkpoint'} complete: {complete}; the same command resumed "
-        f"from it: {resumed}, exit {relaunched.returncode}", difference or NO_LOSS,
-        None if first_step is None else round(relaunched_at - signalled + first_step, 1),
-        process.returncode == ExitCode.PREEMPTED and complete and resumed and relaunched.returncode == ExitCode.FINISHED
-        and difference is None)

@@ -87,7 +87,8 @@ def wait_point(name: str, step: int, released: Callable[[], bool], limit_s: floa
     (at most ``limit_s``: a drill that never sends its signal still ends)."""
     if not armed(name, step):
         return
-    print(f"instcls: fail point {name} (step {step}): rank {os.environ.get('RANK', '0')} waits", flush=True)
+    print(f"instcls: fail point {name} (step {step}): rank {os.environ.get('RANK', '0')} (pid {os.getpid()}) waits",
+          flush=True)
     deadline = time.monotonic() + limit_s
     while not released() and time.monotonic() < deadline:
         time.sleep(0.05)
