@@ -42,14 +42,13 @@ def _stopped_by_sigterm(job: Job, launcher: list[str], signal_rank_only: bool) -
 
 
 def _sigterm_checkpoint(job: Job, output: str) -> Path | None:
-    """The checkpoint the SIGTERM stop wrote, if it is the newest, complete, before the last step,
-    with no partial one left."""
+    """The checkpoint the SIGTERM stop wrote, if it is complete, before the last step, and no partial
+    one was left behind."""
     saving = re.search(r"SIGTERM: saving at step (\d+)", output)
-    saved = complete_checkpoints(job.checkpoints)
-    if saving is None or not saved or int(saving.group(1)) >= 4 or checkpoint_damage(saved[-1]) is not None:
+    if saving is None or int(saving.group(1)) >= 4 or list(job.checkpoints.glob("*.tmp")):
         return None
-    fine = saved[-1].name == checkpoint_name(int(saving.group(1))) and not list(job.checkpoints.glob("*.tmp"))
-    return saved[-1] if fine else None
+    path = job.checkpoints / checkpoint_name(int(saving.group(1)))
+    return path if path in complete_checkpoints(job.checkpoints) and checkpoint_damage(path) is None else None
 
 
 def _recovery(job: Job, signalled: float) -> float | None:
@@ -67,6 +66,8 @@ def preempted_with_sigterm(context: DrillContext) -> DrillResult:
     job = Job(context.directory("preempted-with-sigterm"), context.shards)
     command, stop = _stopped_by_sigterm(job, LAUNCH, signal_rank_only=False)
     stopped_at = _sigterm_checkpoint(job, stop["output"])
+    if stopped_at is not None and complete_checkpoints(job.checkpoints)[-1] != stopped_at:
+        stopped_at = None  # the run went on past its SIGTERM checkpoint
     relaunched = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, env=stop["env"])
     resumed = stopped_at is not None and f"resumed from {stopped_at}" in relaunched.stdout + relaunched.stderr
     difference = state_difference(complete_checkpoints(job.checkpoints)[-1], context.reference) \
