@@ -25,7 +25,6 @@ What a retry can fix decides the code, because that is all a Job controller acts
 from __future__ import annotations
 
 import os
-import signal
 from enum import IntEnum
 from pathlib import Path
 from typing import Callable
@@ -37,7 +36,7 @@ class ExitCode(IntEnum):
     BAD_INPUT = 2  # a config, flag, shard or checkpoint the user must fix (argparse also exits 2)
     NONFINITE_LOSS = 3  # the loss or the weights became NaN/inf; nothing poisoned was saved
     CHECKPOINT_WRITE_FAILED = 4  # disk full, quota, file-size limit; the previous checkpoint is intact
-    PREEMPTED = 128 + signal.SIGTERM  # 143: stopped on SIGTERM, checkpointed; resume with the same command
+    PREEMPTED = 143  # 128 + SIGTERM (15), as a shell reports it: stopped, checkpointed; run the same command again
 
 
 RETRYABLE = frozenset({ExitCode.PREEMPTED})  # retried and never counted as a failure
