@@ -165,3 +165,54 @@ def test_training_pods_can_use_infiniband():
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env["NCCL_IB_DISABLE"] == "0" and env["NCCL_IB_HCA"] and env["NCCL_SOCKET_IFNAME"]
         assert env["NCCL_DEBUG"] == "WARN"
+
+
+def pod_failure_action(policy: dict, container: str, exit_code: int, conditions: set[str]) -> str:
+    """What the Job controller does with a failed pod (Kubernetes' podFailurePolicy: rules in order,
+    the first match wins, none matching means Count)."""
+    for rule in policy["rules"]:
+        codes = rule.get("onExitCodes")
+        if codes and codes.get("containerName", container) == container:
+            if (exit_code in codes["values"]) == (codes["operator"] == "In"):
+                return rule["action"]
+        patterns = rule.get("onPodConditions", [])
+        if any(p["type"] in conditions and p.get("status", "True") == "True" for p in patterns):
+            return rule["action"]
+    return "Count"
+
+
+def test_the_indexed_job_retries_a_preemption_uncounted_and_fails_fast_on_a_permanent_code():
+    """The codes the Job's rules name are the launcher's (``trainer.exit_codes``), read from the YAML."""
+    from trainer.exit_codes import PERMANENT, RETRYABLE, ExitCode
+
+    spec = next(d for _, d in all_documents() if d["kind"] == "Job")["spec"]
+    pod = spec["template"]["spec"]
+    container = pod["containers"][0]["name"]
+    policy = spec["podFailurePolicy"]
+    assert pod["restartPolicy"] == "Never"  # what a podFailurePolicy and backoffLimitPerIndex require
+    named = {code for rule in policy["rules"] for code in rule.get("onExitCodes", {}).get("values", [])}
+    assert named == set(RETRYABLE) | set(PERMANENT)
+    for code in ExitCode:
+        if code == ExitCode.FINISHED:
+            continue  # a pod that exits 0 has succeeded: no rule is asked
+        expected = "Ignore" if code in RETRYABLE else "FailJob" if code in PERMANENT else "Count"
+        assert pod_failure_action(policy, container, code, set()) == expected, code
+        # A pod taken away (preemption, eviction, drain) is never held against the job.
+        assert pod_failure_action(policy, container, code, {"DisruptionTarget"}) == "Ignore", code
+    assert pod_failure_action(policy, container, 137, set()) == "Count"  # SIGKILLed with no disruption condition
+    # Counted failures: a few per index, and one index out of them fails the gang (it cannot train without it).
+    assert 1 <= spec["backoffLimitPerIndex"] <= 5 and spec["maxFailedIndexes"] == 0
+    assert spec["podReplacementPolicy"] == "Failed"  # no replacement while the old pod still saves
+
+
+def test_the_pytorchjob_restarts_on_exit_codes_that_kubeflow_retries():
+    """Kubeflow's ExitCode policy recreates a pod that exited 128-255 and fails the job on 1-127."""
+    from trainer.exit_codes import PERMANENT, RETRYABLE, ExitCode
+
+    job = next(d for _, d in all_documents() if d["kind"] == "PyTorchJob")
+    replicas = job["spec"]["pytorchReplicaSpecs"]
+    assert {name: r["restartPolicy"] for name, r in replicas.items()} == {"Master": "ExitCode", "Worker": "ExitCode"}
+    for code in set(ExitCode) - {ExitCode.FINISHED}:
+        retried = 128 <= code <= 255
+        assert retried == (code in RETRYABLE), code  # crashes too are permanent: these retries are never counted
+    assert all(1 <= code <= 127 for code in PERMANENT)

@@ -25,10 +25,12 @@ def register(commands) -> None:
 
 
 def _run_train(args: argparse.Namespace) -> int:
+    """One rank's exit code (``trainer.exit_codes``): what `instcls launch` and Kubernetes act on."""
     from trainer.config import load_job_config
     from trainer.engine.save_guard import CheckpointInterrupted, CheckpointWriteError
     from trainer.engine.preemption import NonFiniteLossError
     from trainer.engine.trainer import Trainer
+    from trainer.exit_codes import ExitCode
     from trainer.parallel import init_distributed
     from trainer.parallel.determinism import apply_determinism
     from trainer.parallel.dims import shutdown_distributed
@@ -45,13 +47,18 @@ def _run_train(args: argparse.Namespace) -> int:
         result = Trainer(config, dims, resume=args.resume).train()
     except NonFiniteLossError as error:
         print(f"instcls: rank {dims.rank}: {error}", file=sys.stderr)
-        return 3
-    except (CheckpointWriteError, CheckpointInterrupted) as error:
+        return ExitCode.NONFINITE_LOSS
+    except CheckpointWriteError as error:
         print(f"instcls: error: {error}", file=sys.stderr)
-        return 4
+        return ExitCode.CHECKPOINT_WRITE_FAILED
+    except CheckpointInterrupted as error:
+        # Not this rank's fault: the rank that failed first exits with the code that says why.
+        print(f"instcls: error: {error}", file=sys.stderr)
+        return ExitCode.CRASHED
     finally:
         shutdown_distributed()
+    code = ExitCode.PREEMPTED if result.stopped_by == "sigterm" else ExitCode.FINISHED
     if dims.rank == 0:
         print(f"instcls train: stopped ({result.stopped_by}) at epoch {result.state.epoch} step "
-              f"{result.state.global_step}; last checkpoint {result.last_checkpoint}")
-    return 0
+              f"{result.state.global_step}; last checkpoint {result.last_checkpoint}; exiting {int(code)}", flush=True)
+    return code

@@ -29,7 +29,7 @@ from trainer.engine.checkpoint import FieldsState, load_checkpoint, save_checkpo
 from trainer.engine.checkpoint_files import checkpoint_name, resolve_resume_on_rank0
 from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, load_deepspeed_config
 from trainer.engine.engine_state import EngineState
-from trainer.engine.failpoints import armed, fail_point
+from trainer.engine.failpoints import armed, fail_point, wait_point
 from trainer.engine.preemption import NonFiniteWatch, StopSignal
 from trainer.engine.rng_state import RngState, reseed
 from trainer.engine.run_fingerprint import refuse_another_jobs_checkpoint, run_fingerprint
@@ -37,7 +37,6 @@ from trainer.engine.run_record import RunRecord
 from trainer.engine.step_skipping import StepSkipper
 from trainer.engine.training_eval import TrainingEvaluation
 from trainer.engine.schedule import LRSchedule, scaled_lr, set_lr
-from trainer.parallel.launch import mark_clean_stop
 from trainer.models import build_model
 from trainer.objectives import ObjectiveContext, OptimSettings, StepViews, View, build_objective, objective_parameters
 from trainer.observability.logs import JsonlLog
@@ -233,7 +232,6 @@ class Trainer:
             if stop_agreed if stop_agreed is not None else self.stop_signal.stop_after_step():
                 self._say(f"SIGTERM: saving at step {state.global_step} and exiting")
                 self._save()
-                mark_clean_stop(dims.rank)
                 bar.close()
                 return "sigterm"
             wait_start = time.perf_counter()
@@ -282,6 +280,7 @@ class Trainer:
             self.skipper.kept()
         self.engine.backward(loss)
         fail_point("train.after_backward", self.state.global_step + 1)  # the fault drills' node loss mid-step
+        wait_point("train.wait_for_sigterm", self.state.global_step + 1, lambda: self.stop_signal.requested)
         self.engine.step()
         self.objective.after_backward()
         for optimizer in optimizers:
