@@ -25,6 +25,7 @@ What a retry can fix decides the code, because that is all a Job controller acts
 from __future__ import annotations
 
 import os
+import time
 from enum import IntEnum
 from pathlib import Path
 from typing import Callable
@@ -66,19 +67,33 @@ def node_exit_code(torchrun_code: int, rank_codes: list[int], got_sigterm: bool)
     return torchrun_code
 
 
-# How a rank tells `instcls launch` its code: a file per rank in this directory (set by the launcher).
+# How a rank tells `instcls launch` its code: a file per rank in this directory (set by the launcher):
+# the code, the time it was decided, and the one line that says why a failed rank failed.
 EXIT_CODE_ENV = "INSTCLS_EXIT_CODE_DIR"
+_failure_cause: list[str] = []
+
+
+def record_failure_cause(line: str) -> None:
+    """The line this rank printed for its failure, for the launcher to repeat as the job's last line."""
+    _failure_cause[:] = [" ".join(line.split())]
+
+
+def _exception_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
 def run_reporting_exit_code(main: Callable[[], int]) -> int:
     """Run a worker's ``main`` and leave its exit code (an unhandled exception: ``CRASHED``) where
     ``instcls launch`` reads it.  The rank's file from an earlier round (torchrun restarted the
-    workers) is removed first: the launcher must judge the last round only."""
+    workers) is removed first: the launcher must judge the last round only.  Its ``started`` file
+    tells the launcher the rendezvous is over (torchrun starts workers only then)."""
     directory, rank = os.environ.get(EXIT_CODE_ENV), os.environ.get("RANK")
     if not directory or rank is None:
         return main()
     report = Path(directory) / f"rank-{int(rank):05d}"
     report.unlink(missing_ok=True)
+    (Path(directory) / f"started-{int(rank):05d}").touch()
     code: int = ExitCode.CRASHED
     try:
         code = main()
@@ -86,11 +101,39 @@ def run_reporting_exit_code(main: Callable[[], int]) -> int:
     except SystemExit as stop:  # argparse's usage errors (2), sys.exit(...) anywhere below
         code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
         raise
+    except BaseException as error:
+        if not _failure_cause:
+            record_failure_cause(_exception_line(error))
+        raise
     finally:
-        report.write_text(str(int(code)))
+        cause = _failure_cause[0] if _failure_cause and code not in (ExitCode.FINISHED, ExitCode.PREEMPTED) else ""
+        report.write_text(f"{int(code)}\n{time.time():.6f}\n{cause}\n")
+
+
+def _reports(directory: Path) -> list[tuple[int, list[str]]]:
+    reports = []
+    for path in sorted(Path(directory).glob("rank-*")):
+        lines = path.read_text().splitlines()
+        if lines and lines[0].strip().lstrip("-").isdigit():
+            reports.append((int(path.name.split("-")[1]), lines))
+    return reports
 
 
 def reported_exit_codes(directory: Path) -> list[int]:
     """The codes the ranks left in ``directory`` (read once every worker has exited)."""
-    texts = [path.read_text().strip() for path in sorted(Path(directory).glob("rank-*"))]
-    return [int(text) for text in texts if text.lstrip("-").isdigit()]
+    return [int(lines[0]) for _, lines in _reports(directory)]
+
+
+def first_failure(directory: Path) -> tuple[int, str] | None:
+    """``(rank, cause)`` of the rank whose failure was decided first: the root cause, where the
+    others failed after it (a peer's closed connection, an interrupted collective save)."""
+    failed = [(float(lines[1]), rank, lines[2] if len(lines) > 2 else "") for rank, lines in _reports(directory)
+              if int(lines[0]) not in (ExitCode.FINISHED, ExitCode.PREEMPTED) and len(lines) > 1]
+    if not failed:
+        return None
+    _, rank, cause = min(failed)
+    return rank, cause or "(it printed no cause; see its output above)"
+
+
+def any_rank_started(directory: Path) -> bool:
+    return any(Path(directory).glob("started-*"))

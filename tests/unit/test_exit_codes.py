@@ -63,7 +63,7 @@ def test_a_rank_reports_its_code_and_forgets_the_last_rounds(tmp_path, monkeypat
     (tmp_path / "rank-00003").write_text("143")  # torchrun's previous round of workers
     (tmp_path / "rank-00001").write_text("143")  # another rank's: not this one's to remove
     assert _report(tmp_path, monkeypatch, lambda: E.NONFINITE_LOSS) == E.NONFINITE_LOSS
-    assert (tmp_path / "rank-00003").read_text() == "3"
+    assert (tmp_path / "rank-00003").read_text().splitlines()[0] == "3"
     assert reported_exit_codes(tmp_path) == [143, 3]
 
 
@@ -145,3 +145,51 @@ def test_the_readmes_tables_list_exactly_the_launchers_codes(readme):
     assert sorted(rows) == sorted(int(code) for code in ExitCode), rows
     for code in ExitCode:
         assert f"`{code.name}`" in rows[code], (readme, code)
+
+
+def test_a_failed_rank_leaves_its_cause_and_the_launcher_names_the_first(tmp_path, monkeypatch):
+    from trainer import exit_codes
+    from trainer.parallel.launch_notices import failure_cause_line
+
+    monkeypatch.setattr(exit_codes, "_failure_cause", [])
+
+    def bad_shard():
+        exit_codes.record_failure_cause("instcls: error: train-000005.tar key 42 at byte 9:\n  truncated")
+        return E.BAD_INPUT
+
+    assert _report(tmp_path, monkeypatch, bad_shard, rank="1") == E.BAD_INPUT
+    monkeypatch.setattr(exit_codes, "_failure_cause", [])
+
+    def peer():  # fails later, on the connection the first rank's exit closed
+        raise RuntimeError("[gloo] Connection closed by peer\n<traceback>")
+
+    with pytest.raises(RuntimeError):
+        _report(tmp_path, monkeypatch, peer, rank="0")
+    assert exit_codes.first_failure(tmp_path) == (1, "instcls: error: train-000005.tar key 42 at byte 9: truncated")
+    assert (tmp_path / "rank-00000").read_text().splitlines()[2] == "RuntimeError: [gloo] Connection closed by peer"
+    assert failure_cause_line(tmp_path) == ("instcls launch: the first rank to fail on this node was rank 1: "
+                                            "instcls: error: train-000005.tar key 42 at byte 9: truncated")
+    finished = tmp_path / "finished"
+    finished.mkdir()
+    monkeypatch.setattr(exit_codes, "_failure_cause", ["a line from an earlier, handled problem"])
+    _report(finished, monkeypatch, lambda: E.PREEMPTED, rank="0")
+    assert failure_cause_line(finished) is None and (finished / "started-00000").exists()
+
+
+def test_a_node_waiting_for_the_rendezvous_says_so_until_a_rank_starts(tmp_path):
+    from trainer.parallel.launch_notices import RendezvousNotice, rendezvous_description
+
+    description = rendezvous_description(["--nnodes", "2", "--nproc-per-node", "2", "-m", "trainer.cli", "train"])
+    assert description.startswith("2 node(s) (--nnodes 2) at 127.0.0.1:29500 (static); this node (")
+    assert "join_timeout=600 s" in description
+    lines = []
+    with RendezvousNotice(tmp_path, description, every_s=0.02, write=lines.append):
+        deadline = time.time() + 10
+        while len(lines) < 2 and time.time() < deadline:
+            time.sleep(0.01)
+        (tmp_path / "started-00000").touch()  # torchrun started this node's workers: the rendezvous is over
+        time.sleep(0.1)
+        said = len(lines)
+        time.sleep(0.1)
+    assert said >= 2 and len(lines) == said, "no line after a rank started"
+    assert lines[0].startswith("instcls launch: waited 0 s for the rendezvous of 2 node(s)")

@@ -23,7 +23,7 @@ import sys
 
 # One module per command area; each registers its commands and calls the code that does the work.
 from trainer.cli import ablate, bench, drill, evaluation, plan, selftest, shards, training
-from trainer.exit_codes import ExitCode
+from trainer.exit_codes import ExitCode, record_failure_cause
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:
         if not isinstance(error, _errors_users_fix()):
             raise
-        print(f"instcls: error: {error}", file=sys.stderr)
+        line = f"instcls: error: {error}"
+        print(line, file=sys.stderr)
+        record_failure_cause(line)  # `instcls launch` ends with it, after every peer's traceback
         return ExitCode.BAD_INPUT
 
 

@@ -46,11 +46,9 @@ def _run_train(args: argparse.Namespace) -> int:
     try:
         result = Trainer(config, dims, resume=args.resume).train()
     except NonFiniteLossError as error:
-        print(f"instcls: rank {dims.rank}: {error}", file=sys.stderr)
-        return ExitCode.NONFINITE_LOSS
+        return _failed(f"instcls: rank {dims.rank}: {error}", ExitCode.NONFINITE_LOSS)
     except CheckpointWriteError as error:
-        print(f"instcls: error: {error}", file=sys.stderr)
-        return ExitCode.CHECKPOINT_WRITE_FAILED
+        return _failed(f"instcls: error: {error}", ExitCode.CHECKPOINT_WRITE_FAILED)
     except CheckpointInterrupted as error:
         # Not this rank's fault: the rank that failed first exits with the code that says why.
         print(f"instcls: error: {error}", file=sys.stderr)
@@ -61,4 +59,13 @@ def _run_train(args: argparse.Namespace) -> int:
     if dims.rank == 0:
         print(f"instcls train: stopped ({result.stopped_by}) at epoch {result.state.epoch} step "
               f"{result.state.global_step}; last checkpoint {result.last_checkpoint}; exiting {int(code)}", flush=True)
+    return code
+
+
+def _failed(line: str, code: int) -> int:
+    """Print why this rank stops and hand the line to `instcls launch`, which ends with it."""
+    from trainer.exit_codes import record_failure_cause
+
+    print(line, file=sys.stderr)
+    record_failure_cause(line)
     return code

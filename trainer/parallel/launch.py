@@ -38,6 +38,7 @@ import torch.multiprocessing as mp
 
 from trainer.exit_codes import EXIT_CODE_ENV, ExitCode, node_exit_code, reported_exit_codes
 from trainer.parallel.dims import shutdown_distributed
+from trainer.parallel.launch_notices import RendezvousNotice, failure_cause_line, rendezvous_description
 
 # (what torchrun's stderr says, what to change): the failures a user fixes in the command, not the code
 _LAUNCH_ADVICE = (
@@ -104,7 +105,8 @@ def launch(torchrun_args: list[str]) -> int:
 
     previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
-        returncode = child.wait()
+        with RendezvousNotice(reports, rendezvous_description(torchrun_args)):
+            returncode = child.wait()
     finally:
         # Put the caller's handlers back: a handler left forwarding to a finished child would
         # swallow the SIGTERM meant for this process or for any process it forks later.
@@ -112,6 +114,7 @@ def launch(torchrun_args: list[str]) -> int:
             signal.signal(signum, handler)
     reader.join()
     rank_codes = reported_exit_codes(reports)
+    cause = failure_cause_line(reports)
     shutil.rmtree(reports, ignore_errors=True)
     code = node_exit_code(returncode, rank_codes, signal.SIGTERM in received)
     ranks = f"torchrun exited {returncode}, this node's ranks {sorted(set(rank_codes)) or 'reported nothing'}"
@@ -123,6 +126,8 @@ def launch(torchrun_args: list[str]) -> int:
         advice = launch_advice(tail.decode(errors="replace"))
         print(f"instcls launch: exiting {code} ({meaning}; {ranks})" + (f": {advice}" if advice else ""),
               file=sys.stderr, flush=True)
+        if cause is not None and advice is None:
+            print(cause, file=sys.stderr, flush=True)
     return code
 
 
