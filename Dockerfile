@@ -1,5 +1,6 @@
 # instcls training image: CUDA-capable through the CUDA libraries that the pinned torch, DALI and
-# NCCL wheels carry (the host needs only the NVIDIA driver and container toolkit); runs CPU-only too.
+# NCCL wheels carry (CUDA 13.0: the host needs only an NVIDIA driver of the R580 branch or newer and the
+# container toolkit; k8s/README.md "GPU nodes"); runs CPU-only too.
 # Build from the repository root:  docker build -t instcls:0.1.0 .
 FROM python:3.11-slim-bookworm
 

@@ -7,10 +7,15 @@ map -> ``fn.coord_transform``, blur flag, sigma and window -> a DALI conditional
 ``fn.gaussian_blur``, flip -> ``crop_mirror_normalize(mirror=...)``); the pipeline has no random
 operator, so its output is a pure function of the step and any step can be produced first.
 
-A pipeline is built per ``epoch_batches`` call: its source maps DALI's iteration i to step
-``steps[i]`` and raises ``StopIteration`` past the end (also for DALI's look-ahead calls).
-DALI returns batches in the order it asked for them, so the step metadata waits in a FIFO.  The
-iterator reuses its output buffers, so everything handed out is copied first.
+One pipeline (and its nvJPEG decoder, thread pool and buffers) serves every ``epoch_batches`` call
+of a loader: each pass points its source at a new ``(epoch, steps)``; the source maps DALI's
+iteration i to step ``steps[i]`` and raises ``StopIteration`` past the end (also for DALI's
+look-ahead calls), and resetting the pipeline then restarts its iteration count at 0.  Only a pass
+that ran to its end hands the pipeline back: one left half-way (the trainer stopped, an error) still
+has look-ahead batches queued inside DALI, and resetting such a pipeline is not supported
+(NVIDIA/DALI#4023), so the next pass builds a new one.  DALI returns batches in the order it asked
+for them, so the step metadata waits in a FIFO.  The iterator reuses its output buffers, so
+everything handed out is copied first.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from collections import deque
 from collections.abc import Iterator
 
 import torch
-from nvidia.dali import fn, pipeline_def, types
+from nvidia.dali import Pipeline, fn, pipeline_def, types
 from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
 from data_pipeline.augment import IMAGENET_MEAN, IMAGENET_STD, AugmentConfig
@@ -37,8 +42,13 @@ _VIEW_NDIMS = [1, 1, 2, 0, 0, 0, 0]
 class _StepSource:
     """DALI's batch source: iteration i -> the encoded images and view parameters of ``steps[i]``."""
 
-    def __init__(self, reader: StepReader, epoch: int, steps: range) -> None:
-        self.reader, self.epoch, self.steps = reader, epoch, steps
+    def __init__(self, reader: StepReader) -> None:
+        self.reader = reader
+        self.start(epoch=0, steps=range(0))
+
+    def start(self, epoch: int, steps: range) -> None:
+        """The next pass: called before DALI asks for its first iteration (build or reset)."""
+        self.epoch, self.steps = epoch, steps
         self.pending: deque[StepSamples] = deque()  # steps handed to DALI, not yet out of it
 
     def __call__(self, iteration: int) -> list:
@@ -90,12 +100,19 @@ def _eval_pipeline(source: _StepSource, decode_device: str, augment: AugmentConf
 class DaliLoader(IndexedLoader):
     """See ``data_pipeline.loader.build_loader``; Python reads files with ``num_threads`` threads."""
 
-    def _batches(self, epoch: int, steps: range) -> Iterator[Batch]:
+    # A built pipeline and its source, left by the last pass that ran to its end (None: build one).
+    _idle: tuple[Pipeline, _StepSource] | None = None
+    pipelines_built = 0  # observable by tests: one per loader unless a pass was abandoned
+
+    def _pipeline(self) -> tuple[Pipeline, _StepSource]:
+        if self._idle is not None:
+            idle, self._idle = self._idle, None
+            return idle
         use_gpu = self.device.type == "cuda"
         device_id = None  # DALI's CPU-only mode
         if use_gpu:
             device_id = torch.cuda.current_device() if self.device.index is None else self.device.index
-        source = _StepSource(self.reader, epoch, steps)
+        source = _StepSource(self.reader)
         build = _train_pipeline if self.train else _eval_pipeline
         pipeline = build(
             source=source, decode_device="mixed" if use_gpu else "cpu", augment=self.config.augment,
@@ -103,12 +120,22 @@ class DaliLoader(IndexedLoader):
             device_id=device_id,
         )
         pipeline.build()
+        self.pipelines_built += 1
+        return pipeline, source
+
+    def _batches(self, epoch: int, steps: range) -> Iterator[Batch]:
+        pipeline, source = self._pipeline()
+        source.start(epoch, steps)  # before the iterator's first run asks for iteration 0
         names = [f"view{v}" for v in range(len(self.view_kinds))]
-        outputs = iter(DALIGenericIterator(pipeline, names, auto_reset=False))
+        outputs = DALIGenericIterator(pipeline, names, auto_reset=False)
         while True:
             try:
                 data = next(outputs)[0]
             except StopIteration:
+                # The whole pass was read: the pipeline can serve the next one.  Not the iterator's
+                # reset(): it would schedule the next pass's first runs before start() moves the source.
+                pipeline.reset()
+                self._idle = pipeline, source
                 return
             except RuntimeError as error:  # a DALI operator failed on the next step's batch
                 if not source.pending:

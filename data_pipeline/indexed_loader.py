@@ -34,6 +34,16 @@ def default_sampler(num_samples: int, config: LoaderConfig, world_size: int, tra
                                    last_batch=config.last_batch if train else "pad")
 
 
+def _refuse_data_smaller_than_a_batch(shard_dir: Path, samples: int, batch_size: int, world_size: int) -> None:
+    """Every step would be mostly padding (or, dropping the last batch, there would be no step)."""
+    if samples >= batch_size * world_size:
+        return
+    fix = (f"set data.loader.batch_size to at most {samples // world_size} (per rank) or add images"
+           if samples >= world_size else "add images")
+    raise ValueError(f"{shard_dir} holds {samples} samples, fewer than one global batch (data.loader.batch_size "
+                     f"{batch_size} x {world_size} ranks = {batch_size * world_size}): {fix}")
+
+
 class IndexedLoader:
     """Base of both backends; see ``data_pipeline.loader.build_loader`` for the public contract."""
 
@@ -43,6 +53,8 @@ class IndexedLoader:
         self.rank, self.world_size = rank, world_size
         table = sample_table(self.shard_dir)
         self.num_instances = table.num_samples
+        if train:
+            _refuse_data_smaller_than_a_batch(self.shard_dir, table.num_samples, config.batch_size, world_size)
         self.sampler = sampler if sampler is not None else default_sampler(table.num_samples, config, world_size, train)
         if (self.sampler.world_size, self.sampler.batch_size) != (world_size, config.batch_size):
             raise ValueError(

@@ -14,7 +14,7 @@ if os.environ.get("INSTCLS_TEST_GPU") != "1":
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # two ranks on one visible GPU would share it and NCCL refuses
 for name in [name for name in os.environ if name.startswith("TORCHELASTIC_")] + [
         "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-        "INSTCLS_FAILPOINT", "INSTCLS_STOP_MARKER_DIR", "ATEN_CPU_CAPABILITY"]:
+        "INSTCLS_FAILPOINT", "INSTCLS_EXIT_CODE_DIR", "ATEN_CPU_CAPABILITY"]:
     # torchrun's (an in-process test would join a group), our fail point, and a pinned vector ISA
     os.environ.pop(name, None)
 # Tests name shipped files relative to the repository (configs/..., ds_configs/...), wherever pytest

@@ -142,7 +142,9 @@ class LoggingSection:
     metrics_port: Prometheus port of local rank 0; local rank r serves port + r (0 disables).
     metrics_bind: address the metrics endpoint listens on: "0.0.0.0" (all interfaces, what a
         Prometheus in the cluster needs) or e.g. "127.0.0.1" to keep it on the machine.
-    progress: show a progress bar on rank 0.
+    progress: rank 0 shows its progress: tqdm's bar on a terminal; elsewhere (a file, a pod log)
+        plain lines (epoch, step, loss, images/s, data wait, ETA) at log steps, at most one per
+        ``progress_every_s`` seconds.
     consumed_ids: log the instance ids each step trained on, per rank (``event: consumed``), for
         per-sample accounting across restarts (the fault drills); one host sync and a log line per
         step, so off for real runs.
@@ -153,11 +155,15 @@ class LoggingSection:
     metrics_port: int = 9400
     metrics_bind: str = "0.0.0.0"
     progress: bool = True
+    progress_every_s: float = 30.0
     consumed_ids: bool = False
 
     def __post_init__(self) -> None:
         if self.log_every < 1:
             raise ConfigError("logging.log_every must be >= 1")
+        if not self.progress_every_s >= 0:
+            raise ConfigError(f"logging.progress_every_s={self.progress_every_s} is invalid: use seconds >= 0 "
+                              "(0: a line at every log step)")
         if not 0 <= self.metrics_port < 65536:
             raise ConfigError(f"logging.metrics_port={self.metrics_port} is invalid: use 0 (off) or a TCP port")
         try:

@@ -2,14 +2,17 @@
 checkpoint write.  A drill passes only when what the job left on disk says so (see
 ``trainer.drills.catalogue``); the kills must end bit-identical to a run never interrupted.
 
-SIGTERM and NaN have their own job tests in test_training.py, a damaged checkpoint and pickled
-code theirs in the unit tests, so those drills repeat here only in the slow run."""
+NaN has its own job test in test_training.py, a damaged checkpoint and pickled code theirs in the
+unit tests, so those drills repeat here only in the slow run.  The SIGTERM drill is the job test of
+preemption: the retryable exit code, then the same command resuming to the uninterrupted state.  A
+peer's preemption (SIGTERM to one rank; torchrun restarts the ranks in place) runs only in the slow
+run: the launcher's side of it is unit-tested (test_exit_codes.py)."""
 
 import pytest
 
 from trainer.drills.catalogue import DRILLS, DrillContext, killed_during_save
 
-COVERED_ELSEWHERE = {"preempted-with-sigterm", "loss-becomes-nan", "nan-step-skipped", "damaged-newest-checkpoint",
+COVERED_ELSEWHERE = {"peer-preempted", "loss-becomes-nan", "nan-step-skipped", "damaged-newest-checkpoint",
                      "checkpoint-with-pickled-code"}
 
 

@@ -237,3 +237,36 @@ def test_with_on_bad_sample_skip_a_bad_sample_is_not_valid_and_named_and_the_res
             assert torch.equal(view[~is_bad], good_view[~is_bad]) and view.isfinite().all()
         skipped += batch.skipped
     assert len(skipped) == 1 and skipped[0].startswith(where), skipped
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_dali_builds_one_pipeline_per_loader_and_a_reused_one_reads_like_a_new_one(digits_shards, train):
+    config = LoaderConfig(batch_size=256, backend="dali", num_threads=1, augment=AugmentConfig(image_size=24))
+    reused = build_loader(digits_shards, config, 0, 1, CPU, train=train)
+    passes = [list(reused.epoch_batches(0)), list(reused.epoch_batches(3, start_step=4)), list(reused.epoch_batches(1))]
+    assert reused.pipelines_built == 1, "every pass ran to its end: the first pipeline serves them all"
+    abandoned = reused.epoch_batches(2)
+    next(abandoned)
+    abandoned.close()  # look-ahead batches stay queued in DALI: that pipeline is not reused
+    passes.append(list(reused.epoch_batches(2, start_step=5)))
+    assert reused.pipelines_built == 2
+    for (epoch, start), got in zip([(0, 0), (3, 4), (1, 0), (2, 5)], passes, strict=True):
+        fresh = build_loader(digits_shards, config, 0, 1, CPU, train=train)
+        expected = list(fresh.epoch_batches(epoch, start_step=start))
+        assert [b.step for b in got] == [b.step for b in expected] == list(range(start, len(fresh)))
+        for a, b in zip(expected, got, strict=True):
+            assert all(torch.equal(x, y) for x, y in zip(a.views, b.views, strict=True))
+            assert torch.equal(a.instance_ids, b.instance_ids) and torch.equal(a.valid, b.valid)
+
+
+def test_a_training_set_smaller_than_one_global_batch_is_refused_with_the_fix(tmp_path):
+    from data_pipeline.shards import ShardSettings, write_shards
+    from data_pipeline.sources import synthetic
+
+    write_shards(synthetic(20, 16), tmp_path, ShardSettings(), progress=False)
+    config = LoaderConfig(batch_size=64, backend="torch", num_threads=1, augment=AugmentConfig(image_size=16))
+    with pytest.raises(ValueError, match=rf"{tmp_path} holds 20 samples, fewer than one global batch \(data.loader."
+                                         r"batch_size 64 x 2 ranks = 128\): set data.loader.batch_size to at most 10"):
+        build_loader(tmp_path, config, 0, 2, CPU, train=True)
+    assert len(build_loader(tmp_path, config, 0, 2, CPU, train=False)) == 1, "an evaluation set may be small"
+    assert len(build_loader(tmp_path, replace(config, batch_size=10), 0, 2, CPU, train=True)) == 1

@@ -161,24 +161,24 @@ def test_subset_sampler_reads_every_chosen_id_once(world_size):
 
 
 def _extract_shares(config_path, shards, out_dir):
-    """Each rank's bank rows through the real loader: the whole held-out set, then a subset of the
-    training set; ids written for the parent to compare across ranks."""
+    """Each rank's rows through the real loaders: the whole held-out set (the queries), then the
+    bank, a subset of the training set; ids written for the parent to compare across ranks."""
     from trainer.config import load_job_config
-    from trainer.evaluation.features import bank_sampler, extract_local_features
+    from trainer.evaluation.features import EvaluationData
     from trainer.models import build_model
 
     dims = init_distributed()
-    config = load_job_config(config_path, [f"data.train_shards={shards['train']}", "data.loader.batch_size=32",
-                                           "eval.bank_samples=150", "eval.bank_subset_seed=3",
+    config = load_job_config(config_path, [f"data.train_shards={shards['train']}", f"data.eval_shards={shards['val']}",
+                                           "data.loader.batch_size=32", "eval.bank_samples=150",
+                                           "eval.bank_subset_seed=3", "eval.bank_dtype=float16",
                                            "data.loader.num_threads=1"])
     torch.manual_seed(0)
     model = build_model(config.model)
-    whole = extract_local_features(model, shards["val"], config.data.loader, dims, torch.float16)
-    sampler = bank_sampler(shards["train"], config.eval, dims, config.data.loader.batch_size)
-    subset = extract_local_features(model, shards["train"], config.data.loader, dims, sampler=sampler)
-    assert whole.features.dtype == torch.float16 and subset.features.dtype == torch.float32
+    data = EvaluationData(config.data, config.eval, dims)
+    subset, whole = data.bank_and_queries(model)
+    assert subset.features.dtype == torch.float16 and whole.features.dtype == torch.float32
     torch.save({"whole": whole.ids, "whole_labels": whole.labels, "subset": subset.ids,
-                "subset_rows": subset.features.shape[0], "chosen": torch.from_numpy(sampler.ids)},
+                "subset_rows": subset.features.shape[0], "chosen": torch.from_numpy(data.bank.sampler.ids)},
                out_dir / f"rank-{dims.rank}.pt")
 
 

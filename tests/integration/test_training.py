@@ -1,16 +1,17 @@
-"""End-to-end training on 2 CPU ranks: exact resume, resharding, preemption, learning."""
+"""End-to-end training on 2 CPU ranks: exact resume, resharding, a NaN stop, learning (preemption:
+the SIGTERM drill in test_drills.py)."""
 
 import json
 import os
-import signal
+import re
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
 from tests.helpers.training import FAST, REPO, classifier_rows, latest_checkpoint, run_train, step_losses, train_command
+from trainer.exit_codes import ExitCode
 from trainer.observability.report import RunLogs
 
 
@@ -103,28 +104,6 @@ def test_in_backward_update_and_logits_cache_train_like_the_plain_step(digits_sp
             torch.testing.assert_close(rows[name][key], rows["plain"][key], atol=1e-6, rtol=0, msg=f"{name} {key}")
 
 
-def test_sigterm_saves_a_complete_checkpoint_and_exits_zero(digits_split, tmp_path):
-    # `instcls launch` is the container's entry point: torchrun that exits 0 after a clean save.
-    command = train_command(tmp_path, digits_split, 2, FAST + ["optim.epochs=50", "logging.log_every=1"],
-                            launcher=[sys.executable, "-m", "trainer.cli", "launch"])
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=dict(os.environ, OMP_NUM_THREADS="1"))
-    log = tmp_path / "logs" / "rank-00000.jsonl"
-    deadline = time.time() + 300
-    while time.time() < deadline and process.poll() is None:
-        if log.exists() and log.read_text().count('"event": "step"') >= 3:
-            break
-        time.sleep(0.5)
-    process.send_signal(signal.SIGTERM)  # what Kubernetes sends to the container's main process
-    output, _ = process.communicate(timeout=120)
-    assert process.returncode == 0, output[-4000:]
-    checkpoint = latest_checkpoint(tmp_path)
-    state = json.loads((checkpoint / "trainer.json").read_text())
-    assert state["global_step"] >= 3 and (checkpoint / "model.pt").is_file()
-    assert not list((tmp_path / "checkpoints").glob("*.tmp")), "a half-written checkpoint was left behind"
-    assert "SIGTERM: saving at step" in output and "exiting 0" in output
-
-
 def _assert_evaluated_on_schedule_and_summarised(run_dir, result, epochs: int, every: int) -> dict:
     """kNN every ``every`` epochs against one random-init baseline, the linear probe and its
     learning curve at the end, a summary per rank, and the final line printed; the final eval."""
@@ -150,8 +129,19 @@ def test_training_evaluates_on_schedule_and_summarises(digits_split, tmp_path):
     """The evaluation schedule and the run's summaries in a short run; whether it learns is held by
     the slow tests below and on the digit scenes."""
     result = run_train(tmp_path, digits_split, 2, ["optim.epochs=3", "eval.knn_at_end=true", "eval.every_epochs=1",
-                                                   "eval.linear_at_end=true"])
+                                                   "eval.linear_at_end=true", "logging.progress=true",
+                                                   "logging.progress_every_s=0"])
     _assert_evaluated_on_schedule_and_summarised(tmp_path, result, epochs=3, every=1)
+    # Output to a pipe, as in a pod log: plain progress lines, one per log step, no carriage returns,
+    # and none of the warnings every run used to print.
+    output = result.stdout + result.stderr
+    assert "\r" not in output
+    progress = [line for line in result.stdout.splitlines() if re.match(r"\[instcls\] epoch \d+ step \d+/12 ", line)]
+    logged = [json.loads(line) for line in (tmp_path / "logs" / "rank-00000.jsonl").read_text().splitlines()
+              if '"event": "step"' in line]
+    assert [int(re.search(r"\(run (\d+)/36\)", line)[1]) for line in progress] == [r["step"] for r in logged]
+    assert all(f"loss {r['loss']:.4f}" in line for r, line in zip(logged, progress))
+    assert "Warning" not in output and "Setting accelerator" not in output, output[-3000:]
 
 
 @pytest.mark.slow
@@ -169,13 +159,16 @@ def test_training_learns_and_beats_random_init_knn(digits_split, tmp_path):
 
 
 def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(digits_split, tmp_path):
+    """Under `instcls launch`, the container's entry point, the job exits with the permanent code of a
+    poisoned model (torchrun alone would say 1, as for any crash): Kubernetes must not retry it."""
     run_train(tmp_path, digits_split, 2, FAST + ["max_steps=4"])
     good = latest_checkpoint(tmp_path)
     command = train_command(tmp_path, digits_split, 2, FAST + ["optim.base_lr=1e30", "logging.log_every=1",
-                                                               "checkpoint.every_steps=1"], resume="auto")
+                                                               "checkpoint.every_steps=1"], resume="auto",
+                            launcher=[sys.executable, "-m", "trainer.cli", "launch"])
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert result.returncode != 0
+    assert result.returncode == ExitCode.NONFINITE_LOSS, result.stderr[-3000:]
     message = result.stderr.split("the loss or the parameters became NaN or inf by step ")[1]
     bad_step = int(message.split(";")[0])
     last_good = latest_checkpoint(tmp_path)
@@ -212,3 +205,19 @@ def test_eval_commands_score_a_checkpoint_as_the_trainer_did(digits_split, tmp_p
     assert abs(accuracy["knn", str(checkpoint)] - 100 * logged["knn_trained"]) <= 0.3, (accuracy, logged)
     assert abs(accuracy["knn", "random-init"] - 100 * logged["knn_random_init"]) <= 0.3, (accuracy, logged)
     assert all(50 < accuracy["linear", name] <= 100 for name in (str(checkpoint), "random-init")), accuracy
+    # A checkpoint of another network is one sentence naming the difference, from `instcls eval`
+    # and from a resume, before any tensor fails to fit (and the checkpoint is left as it was).
+    other = ["--set", "model.arch=resnet10", "--set", "model.feature_dim=64"]
+    args = ["eval", "knn", "--config", str(REPO / "configs/digits_cpu.yaml"), "--checkpoint", str(checkpoint)]
+    assert main(args + [item for s in settings for item in ("--set", s)] + other) == 2
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and "model.arch is 'resnet18' there and 'resnet10' here" in said[0], said
+    assert "model.feature_dim is 128 there and 64 here" in said[0] and "objective" not in said[0]
+    files = {p: p.stat().st_mtime_ns for p in checkpoint.rglob("*")}
+    command = train_command(tmp_path, digits_split, 2, FAST + ["model.arch=resnet10"], resume="auto")
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert result.returncode != 0
+    assert f"checkpoint {checkpoint} was trained with another job: model.arch is 'resnet18' there and " \
+           "'resnet10' here. Resume it with the config" in result.stderr, result.stderr[-3000:]
+    assert "Unexpected key" not in result.stderr and files == {p: p.stat().st_mtime_ns for p in checkpoint.rglob("*")}

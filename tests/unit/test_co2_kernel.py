@@ -125,11 +125,20 @@ def _term_and_grads(compiled: bool, kernel_temperature: float, views: list[str])
 
 
 @pytest.mark.parametrize("kernel_temperature", [0.15, 0.12])  # tau / tau_con = 3 (the power path), 2.4 (exp2)
-def test_compiled_chunk_math_equals_the_same_code_run_eagerly(kernel_temperature):
+def test_compiled_chunk_math_equals_the_same_code_run_eagerly(kernel_temperature, capsys):
+    from trainer.classifier import consistency_math
+
+    for function in (consistency_math.fused_add_chunk_sums, consistency_math.fused_grad_logits):
+        function._kernels.clear()  # compiled by an earlier test: this one must see the compiles happen
     views = ["global", "global", "small"]  # a small crop: its columns take the kernel's part only
     eager = _term_and_grads(False, kernel_temperature, views)
     compiled = _term_and_grads(True, kernel_temperature, views)
-    from trainer.classifier import consistency_math
+
+    said = capsys.readouterr().err  # a compile is announced, not silently waited for
+    compiles = [fn for fn in (consistency_math.fused_add_chunk_sums, consistency_math.fused_grad_logits)
+                if fn._kernels]
+    assert compiles and all(f"compiling {fn.fn.__qualname__} with inductor" in said and
+                            f"compiled {fn.fn.__qualname__} in " in said for fn in compiles), said
 
     assert eager[1].abs().max() > 1e-3  # the term is not zero
     # Both functions ran compiled (inductor), not through the eager fallback.

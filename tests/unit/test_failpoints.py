@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -38,3 +39,22 @@ def test_the_armed_rank_and_step_die_with_sigkill_and_nothing_else_does():
         result = _probe(**{ENV: "train.after_backward,rank=1,step=3", **other})
         assert result.returncode == 0 and "survived" in result.stdout, (other, result.stderr)
     assert _probe(**{ENV: "train.after_backward,step=4", "RANK": "1"}).returncode == 0
+
+
+def test_the_wait_point_holds_the_armed_rank_until_it_is_released(monkeypatch):
+    from trainer.engine import failpoints
+
+    monkeypatch.setattr(failpoints, "_ARMED", ("train.wait_for_sigterm", 0, 2))
+    monkeypatch.setenv("RANK", "0")
+    asked = []
+
+    def released():
+        asked.append(1)
+        return len(asked) >= 3  # the third look finds the signal
+
+    failpoints.wait_point("train.wait_for_sigterm", 2, released)
+    assert len(asked) == 3
+    failpoints.wait_point("train.wait_for_sigterm", 3, lambda: pytest.fail("not armed at step 3: must not wait"))
+    started = time.monotonic()
+    failpoints.wait_point("train.wait_for_sigterm", 2, lambda: False, limit_s=0.2)  # a signal that never comes
+    assert 0.2 <= time.monotonic() - started < 5

@@ -1,48 +1,40 @@
-"""Manifests validate offline, ConfigMaps match the repository files, the dashboard only queries
-metrics the exporter serves, and the image definition is sane."""
+"""What `kubectl apply -k k8s/overlays/...` and the plain k8s/*.yaml files create validates offline,
+ConfigMaps match the repository files, the dashboard only queries metrics the exporter serves, the
+image definition is sane, and the pods land where they can run: GPU nodes with a new enough driver,
+all of a job's pods at once, one image named in one place."""
 
 import json
 import re
-from pathlib import Path
+import tomllib
 
 import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
 
+from tests.helpers.k8s_manifests import (K8S, OVERLAYS, ROOT, all_documents, is_training_job, pod_templates,
+                                         rendered, training_pods)
 from trainer.observability.metrics import METRIC_NAMES
 
-ROOT = Path(__file__).resolve().parents[2]
-K8S = ROOT / "k8s"
 KUBERNETES_VERSION = "1.31.0"
 CUSTOM_SCHEMAS = {"PodMonitor": "podmonitor.schema.json", "PyTorchJob": "pytorchjob.schema.json"}
-
-
-def all_documents():
-    for path in sorted(K8S.glob("*.yaml")):
-        for document in yaml.safe_load_all(path.read_text()):
-            if document:
-                yield path.name, document
-
-
-def is_training_job(document) -> bool:
-    """The training Job (make-shards-job.yaml holds Jobs too: tests/unit/test_make_shards_job.py)."""
-    return document["kind"] == "Job" and document["metadata"]["labels"]["app.kubernetes.io/component"] == "train"
+# The oldest driver branch that runs each CUDA major version (NVIDIA's CUDA release notes and its
+# data-center driver support matrix: R580 is the first branch with CUDA 13.x).
+MIN_DRIVER_FOR_CUDA = {13: 580}
 
 
 def test_every_manifest_validates():
     kinds = set()
+    assert {"indexed-job", "pytorchjob", "make-shards"} <= set(OVERLAYS)
     for name, document in all_documents():
         kind = document["kind"]
         kinds.add(kind)
         if kind in CUSTOM_SCHEMAS:
             schema = json.loads((K8S / "schemas" / CUSTOM_SCHEMAS[kind]).read_text())
             jsonschema.validate(document, schema)
-            pod_spec = (document["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
-                        if kind == "PyTorchJob" else None)
-            if pod_spec:  # the embedded pod template is a built-in kind: validate it as one
+            for template in pod_templates(document):  # embedded pod templates are a built-in kind
                 kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
-                                              "template": pod_spec}, KUBERNETES_VERSION, strict=True)
+                                              "template": template}, KUBERNETES_VERSION, strict=True)
         else:
             kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
     assert {"Job", "Service", "ConfigMap", "PersistentVolumeClaim", "PodMonitor", "PyTorchJob"} <= kinds
@@ -123,11 +115,7 @@ def test_dockerfile_builds_from_the_repository_as_a_non_root_user():
 
 
 def test_training_pods_run_as_non_root_with_a_read_only_root_filesystem():
-    pods = [d["spec"]["template"]["spec"] for _, d in all_documents() if is_training_job(d)]
-    pods += [replica["template"]["spec"] for _, d in all_documents() if d["kind"] == "PyTorchJob"
-             for replica in d["spec"]["pytorchReplicaSpecs"].values()]
-    assert len(pods) == 3
-    for pod in pods:
+    for pod in training_pods():
         assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] == 1000
         for container in pod["containers"]:
             context = container["securityContext"]
@@ -137,14 +125,6 @@ def test_training_pods_run_as_non_root_with_a_read_only_root_filesystem():
             writable = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
             assert writable == {"/tmp", "/dev/shm", "/checkpoints"}
             assert {"name": "HOME", "value": "/tmp/home"} in container["env"]
-
-
-def training_pods():
-    pods = [d["spec"]["template"]["spec"] for _, d in all_documents() if is_training_job(d)]
-    pods += [replica["template"]["spec"] for _, d in all_documents() if d["kind"] == "PyTorchJob"
-             for replica in d["spec"]["pytorchReplicaSpecs"].values()]
-    assert len(pods) == 3
-    return pods
 
 
 def test_torchrun_waits_for_the_checkpoint_as_long_as_the_pod_may():
@@ -158,8 +138,8 @@ def test_torchrun_waits_for_the_checkpoint_as_long_as_the_pod_may():
 def test_training_pods_can_use_infiniband():
     # Without the RDMA device, IPC_LOCK and the NCCL settings, NCCL silently falls back to TCP
     # sockets across nodes: the job runs, many times slower in its collectives.
-    for name in ("indexed-job.yaml", "pytorchjob.yaml"):
-        text = (K8S / name).read_text()
+    for name in ("indexed-job/indexed-job.yaml", "pytorchjob/pytorchjob.yaml"):
+        text = (K8S / "overlays" / name).read_text()
         assert "PLACEHOLDER" in text and "WITHOUT InfiniBand" in text, name  # what to change is said
     for pod in training_pods():
         container = pod["containers"][0]
@@ -170,3 +150,129 @@ def test_training_pods_can_use_infiniband():
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env["NCCL_IB_DISABLE"] == "0" and env["NCCL_IB_HCA"] and env["NCCL_SOCKET_IFNAME"]
         assert env["NCCL_DEBUG"] == "WARN"
+
+
+def pod_failure_action(policy: dict, container: str, exit_code: int, conditions: set[str]) -> str:
+    """What the Job controller does with a failed pod (Kubernetes' podFailurePolicy: rules in order,
+    the first match wins, none matching means Count)."""
+    for rule in policy["rules"]:
+        codes = rule.get("onExitCodes")
+        if codes and codes.get("containerName", container) == container:
+            if (exit_code in codes["values"]) == (codes["operator"] == "In"):
+                return rule["action"]
+        patterns = rule.get("onPodConditions", [])
+        if any(p["type"] in conditions and p.get("status", "True") == "True" for p in patterns):
+            return rule["action"]
+    return "Count"
+
+
+def test_the_indexed_job_retries_a_preemption_uncounted_and_fails_fast_on_a_permanent_code():
+    """The codes the Job's rules name are the launcher's (``trainer.exit_codes``), read from the YAML."""
+    from trainer.exit_codes import PERMANENT, RETRYABLE, ExitCode
+
+    spec = next(d for _, d in all_documents() if is_training_job(d))["spec"]
+    pod = spec["template"]["spec"]
+    container = pod["containers"][0]["name"]
+    policy = spec["podFailurePolicy"]
+    assert pod["restartPolicy"] == "Never"  # what a podFailurePolicy and backoffLimitPerIndex require
+    named = {code for rule in policy["rules"] for code in rule.get("onExitCodes", {}).get("values", [])}
+    assert named == set(RETRYABLE) | set(PERMANENT)
+    for code in ExitCode:
+        if code == ExitCode.FINISHED:
+            continue  # a pod that exits 0 has succeeded: no rule is asked
+        expected = "Ignore" if code in RETRYABLE else "FailJob" if code in PERMANENT else "Count"
+        assert pod_failure_action(policy, container, code, set()) == expected, code
+        # A pod taken away (preemption, eviction, drain) is never held against the job.
+        assert pod_failure_action(policy, container, code, {"DisruptionTarget"}) == "Ignore", code
+    assert pod_failure_action(policy, container, 137, set()) == "Count"  # SIGKILLed with no disruption condition
+    # Counted failures: a few per index, and one index out of them fails the gang (it cannot train without it).
+    assert 1 <= spec["backoffLimitPerIndex"] <= 5 and spec["maxFailedIndexes"] == 0
+    assert spec["podReplacementPolicy"] == "Failed"  # no replacement while the old pod still saves
+
+
+def test_the_pytorchjob_restarts_on_exit_codes_that_kubeflow_retries():
+    """Kubeflow's ExitCode policy recreates a pod that exited 128-255 and fails the job on 1-127."""
+    from trainer.exit_codes import PERMANENT, RETRYABLE, ExitCode
+
+    job = next(d for _, d in all_documents() if d["kind"] == "PyTorchJob")
+    replicas = job["spec"]["pytorchReplicaSpecs"]
+    assert {name: r["restartPolicy"] for name, r in replicas.items()} == {"Master": "ExitCode", "Worker": "ExitCode"}
+    for code in set(ExitCode) - {ExitCode.FINISHED}:
+        retried = 128 <= code <= 255
+        assert retried == (code in RETRYABLE), code  # crashes too are permanent: these retries are never counted
+    assert all(1 <= code <= 127 for code in PERMANENT)
+
+
+def test_the_image_is_named_in_one_place():
+    """Every pod of every overlay runs the image k8s/base names; the workloads say only `instcls`."""
+    base = yaml.safe_load((K8S / "base/kustomization.yaml").read_text())
+    assert base["kind"] == "Component"
+    (image,) = base["images"]
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert image["name"] == "instcls" and image["newTag"] == version  # the image is tagged with the package's version
+    expected = f"{image['newName']}:{image['newTag']}"
+    for overlay in OVERLAYS:
+        assert "../../base" in yaml.safe_load((K8S / "overlays" / overlay / "kustomization.yaml").read_text())[
+            "components"], overlay
+        templates = [template for document in rendered(overlay) for template in pod_templates(document)]
+        assert templates, overlay
+        for template in templates:
+            assert {c["image"] for c in template["spec"]["containers"]} == {expected}, overlay
+    for path in (K8S / "overlays").glob("*/*.yaml"):  # the workload files themselves name no registry or tag
+        assert set(re.findall(r"^\s+image: (\S+)", path.read_text(), re.M)) <= {"instcls"}, path
+
+
+def test_gpu_pods_run_only_on_gpu_nodes_whose_driver_runs_the_images_cuda():
+    pins = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    cuda_major = int(next(re.search(r"nvidia-dali-cuda(\d+)0\b", pin)[1] for pin in pins if "nvidia-dali-cuda" in pin))
+    assert cuda_major in MIN_DRIVER_FOR_CUDA, f"the image now uses CUDA {cuda_major}: add its minimum driver here, " \
+        "then to the manifests and k8s/README.md"
+    driver = MIN_DRIVER_FOR_CUDA[cuda_major]
+    templates = [t for _, d in all_documents() if is_training_job(d) or d["kind"] == "PyTorchJob"
+                 for t in pod_templates(d)]
+    assert len(templates) == 3
+    for template in templates:
+        pod = template["spec"]
+        assert template["metadata"]["annotations"]["instcls/min-nvidia-driver"] == str(driver)
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+        (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert {"key": "nvidia.com/cuda.driver.major", "operator": "Gt", "values": [str(driver - 1)]} in \
+            term["matchExpressions"]  # Gt is strict: major > driver - 1
+        assert pod["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] == 8
+    assert f"{driver}" in re.search(r"^## GPU nodes.*?(?=^## )", (K8S / "README.md").read_text(), re.M | re.S)[0]
+    # Pods that need no GPU neither ask for one nor tolerate the GPU nodes' taint.
+    for _, document in all_documents():
+        if document["kind"] == "Job" and not is_training_job(document):
+            for template in pod_templates(document):
+                assert "tolerations" not in template["spec"] and "nodeSelector" not in template["spec"]
+                assert not any("nvidia.com/gpu" in str(c["resources"]) for c in template["spec"]["containers"])
+
+
+def test_training_jobs_are_admitted_all_at_once_by_kueue():
+    """Gang scheduling: both training kinds carry Kueue's queue label (the same queue), and neither
+    is created suspended, so that without Kueue they still run."""
+    jobs = [d for _, d in all_documents() if is_training_job(d) or d["kind"] == "PyTorchJob"]
+    assert sorted(d["kind"] for d in jobs) == ["Job", "PyTorchJob"]
+    assert len({d["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] for d in jobs}) == 1
+    for job in jobs:
+        assert job["spec"].get("suspend") is not True and job["spec"].get("runPolicy", {}).get("suspend") is not True
+        # Kueue alone: the training-operator's own gang scheduling would need a second scheduler.
+        assert "schedulingPolicy" not in job["spec"].get("runPolicy", {})
+
+
+def test_every_fsgroup_skips_the_recursive_chown():
+    """fsGroup alone makes the kubelet chown every file of a volume at each pod start (hours on a
+    500 Gi checkpoint volume); OnRootMismatch only when the volume's root is not the group's yet."""
+    contexts = [t["spec"]["securityContext"] for _, d in all_documents() for t in pod_templates(d)]
+    assert len(contexts) == 5  # Indexed Job, PyTorchJob Master and Worker, make-shards parts and merge
+    for context in contexts:
+        assert context["fsGroup"] == 1000 and context["fsGroupChangePolicy"] == "OnRootMismatch"
+
+
+def test_deleting_an_overlay_never_deletes_data():
+    """`kubectl delete -k k8s/overlays/X` deletes what the overlay renders: no volume claim among it."""
+    for overlay in OVERLAYS:
+        assert not [d for d in rendered(overlay) if d["kind"] in ("PersistentVolumeClaim", "PersistentVolume")], overlay
+    claims = {d["metadata"]["name"] for _, d in all_documents() if d["kind"] == "PersistentVolumeClaim"}
+    assert {"instcls-shards", "instcls-checkpoints"} <= claims

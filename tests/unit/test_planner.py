@@ -144,3 +144,32 @@ def test_the_plan_reads_zero_settings_from_a_deepspeed_config():
         "zero_stage": 2, "reduce_bucket": 50_000_000, "overlap_comm": False, "dtype": "bfloat16"}
     assert deepspeed_settings({"zero_optimization": {"stage": 1, "overlap_comm": True}}) == {
         "zero_stage": 1, "reduce_bucket": 500_000_000, "overlap_comm": True, "dtype": "float32"}
+
+
+def test_a_config_is_planned_as_the_job_it_describes(tmp_path):
+    from trainer.bench.plan_from_config import plan_input_from_config
+    from trainer.config import load_job_config
+
+    repo = Path(__file__).resolve().parents[2]
+    plan = plan_input_from_config(load_job_config(repo / "configs/in1k_r50_64gpu.yaml", []), 64, 1_281_167)
+    assert (plan.mode, plan.num_classes, plan.ranks, plan.batch, plan.dim, plan.backbone, plan.image_size,
+            plan.views, plan.zero_stage, plan.dtype, plan.dali, plan.device) == (
+        "dhp", 1_281_167, 64, 64 * 64, 128, "resnet50", 224, 2, 1, "bfloat16", True, "gpu")
+    pic = plan_input_from_config(load_job_config(repo / "configs/pic_in1k_r50.yaml", []), 8, 1000)
+    assert (pic.mode, pic.row_store, pic.queue) == ("pic", "host", 65536)
+    missing = load_job_config(repo / "configs/in1k_r50_64gpu.yaml", [f"data.train_shards={tmp_path}"])
+    with pytest.raises(ValueError, match=f"data.train_shards={tmp_path} has no manifest.json .* --num-classes N"):
+        plan_input_from_config(missing, 64, None)
+
+
+def test_the_plan_counts_the_backbone_by_default_and_refuses_bad_numbers(capsys):
+    from trainer.cli import main
+
+    assert main(["plan", "--num-classes", "1000", "--ranks", "2"]) == 0
+    assert "backbone activations" in capsys.readouterr().out
+    assert main(["plan", "--num-classes", "1000", "--ranks", "2", "--backbone", "none"]) == 0
+    assert "backbone" not in capsys.readouterr().out
+    for flag, value in [("--num-classes", "-5"), ("--ranks", "0"), ("--gpu-memory-gib", "0"), ("--batch", "x")]:
+        with pytest.raises(SystemExit):
+            main(["plan", "--num-classes", "1000", "--ranks", "2", flag, value])
+        assert f"argument {flag}: " in capsys.readouterr().err

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+import time
 from typing import Callable
 
 import torch
@@ -60,6 +62,16 @@ def compile_for(fn: Callable, args: tuple) -> Callable:
 
 def _on_accelerator(args: tuple) -> bool:
     return any(isinstance(a, torch.Tensor) and a.device.type != "cpu" for a in args)
+
+
+def _shapes(args: tuple) -> str:
+    return ", ".join("x".join(map(str, a.shape)) for a in args if isinstance(a, torch.Tensor))
+
+
+def _say(message: str) -> None:
+    """A compile can take tens of seconds: said once per node (local rank 0), not silently waited for."""
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print(f"[instcls] {message}", file=sys.stderr, flush=True)
 
 
 class FusionCompileError(RuntimeError):
@@ -101,7 +113,10 @@ class Fused:
         kernel = self._kernels.get(key)
         if kernel is None:
             try:
+                started = time.perf_counter()
+                _say(f"compiling {self.fn.__qualname__} with inductor for {_shapes(args)} (first use of these shapes)")
                 kernel = self._kernels[key] = compile_for(self.fn, args)
+                _say(f"compiled {self.fn.__qualname__} in {time.perf_counter() - started:.1f} s")
             except Exception as error:  # noqa: BLE001 - any backend failure: same numbers, eagerly
                 self._fall_back(args, error)
                 return None

@@ -111,7 +111,9 @@ class HardNegativeIndex:
     def local_columns(self, instance_ids: torch.Tensor) -> torch.Tensor:
         """``[B, K]``: column ``k`` is the local row of the k-th hard negative of each instance when
         this rank owns it, else -1 (the same layout as the owner-side table)."""
-        ids = instance_ids.long()
+        # The callers' ids are often a strided column of the group's [ranks, views, b] ids;
+        # searchsorted wants (and warns about) contiguous values: B int64s, copied once.
+        ids = instance_ids.long().contiguous()
         if self._inverted is None:
             return self.owner_table[ids - self.shard.class_start] - self.shard.class_start
         instances, slots, columns = self._inverted

@@ -1,6 +1,6 @@
 """The `instcls` command line.
 
-    instcls launch TORCHRUN_ARGS...     (torchrun that exits 0 after a clean preemption save)
+    instcls launch TORCHRUN_ARGS...     (torchrun with Kubernetes exit codes: 0 done, 143 preempted, 2-4 permanent)
     instcls train --config FILE [--set section.field=value ...] [--resume auto|none|PATH]   (under torchrun)
     instcls eval knn|linear --config FILE --checkpoint DIR
     instcls report --logs DIR [--png FILE]   (a finished run: summary table, curves)
@@ -27,6 +27,7 @@ import sys
 
 # One module per command area; each registers its commands and calls the code that does the work.
 from trainer.cli import ablate, bench, drill, evaluation, plan, selftest, shards, training
+from trainer.exit_codes import ExitCode, record_failure_cause
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,8 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:
         if not isinstance(error, _errors_users_fix()):
             raise
-        print(f"instcls: error: {error}", file=sys.stderr)
-        return 2
+        line = f"instcls: error: {error}"
+        print(line, file=sys.stderr)
+        record_failure_cause(line)  # `instcls launch` ends with it, after every peer's traceback
+        return ExitCode.BAD_INPUT
 
 
 def _errors_users_fix() -> tuple[type[Exception], ...]:

@@ -27,6 +27,7 @@ def register(commands) -> None:
 def _run_eval(args: argparse.Namespace) -> int:
     from trainer.config import load_job_config
     from trainer.engine.checkpoint_files import load_model_weights, resolve_resume
+    from trainer.engine.run_fingerprint import refuse_another_jobs_checkpoint, run_fingerprint
     from trainer.evaluation.checkpoint_eval import frozen_accuracy, random_init_model, require_eval_shards
     from trainer.models import build_model
 
@@ -38,6 +39,7 @@ def _run_eval(args: argparse.Namespace) -> int:
         checkpoint = resolve_resume(args.checkpoint, config.checkpoint.dir)
         if checkpoint is None:
             raise FileNotFoundError(f"no complete checkpoint in {config.checkpoint.dir}")
+        refuse_another_jobs_checkpoint(checkpoint, run_fingerprint(config, num_instances=0), model_only=True)
         model = build_model(config.model)
         model.load_state_dict(load_model_weights(checkpoint))
     label, accuracy, rank = frozen_accuracy(model, config, args.protocol)

@@ -5,31 +5,54 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+BACKBONES = ["resnet10", "resnet18", "resnet34", "resnet50", "resnet101"]
+
+
+def _at_least(minimum: float, kind=int):
+    """An argparse type: a number >= ``minimum``, refused with the flag's name otherwise."""
+    def parse(text: str):
+        value = kind(text)
+        if not value >= minimum:
+            raise argparse.ArgumentTypeError(f"{text} is invalid: use a number >= {minimum}")
+        return value
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} is invalid: use a number > 0")
+    return value
+
 
 def register(commands) -> None:
     from trainer.bench.step_runner import FLOAT_DTYPES
 
     parser = commands.add_parser("plan", help="predict per-GPU memory of a job for DDP, DHP and PIC, and the largest N")
-    parser.add_argument("--num-classes", type=int, required=True)
-    parser.add_argument("--ranks", type=int, required=True, help="GPUs (T)")
-    parser.add_argument("--batch", type=int, default=4096, help="global images per step")
-    parser.add_argument("--views", type=int, default=2)
-    parser.add_argument("--dim", type=int, default=128)
-    parser.add_argument("--chunk-size", type=int, default=65536)
-    parser.add_argument("--logits-cache-gib", type=float, default=0.0,
+    parser.add_argument("--config", type=Path,
+                        help="plan the job this config describes (backbone, batch per rank, views, D, objective, "
+                             "DeepSpeed config, loader); N from its training shards unless --num-classes is given")
+    parser.add_argument("--num-classes", type=_at_least(1), help="N (required without --config)")
+    parser.add_argument("--ranks", type=_at_least(1), required=True, help="GPUs (T)")
+    parser.add_argument("--batch", type=_at_least(1), default=4096, help="global images per step")
+    parser.add_argument("--views", type=_at_least(1), default=2)
+    parser.add_argument("--dim", type=_at_least(1), default=128)
+    parser.add_argument("--chunk-size", type=_at_least(1), default=65536)
+    parser.add_argument("--logits-cache-gib", type=_at_least(0.0, float), default=0.0,
                         help="classifier.logits_cache_bytes in GiB: keep the logits for the backward if they fit")
     parser.add_argument("--dtype", default="float32", choices=FLOAT_DTYPES)
-    parser.add_argument("--backbone", choices=["resnet18", "resnet34", "resnet50", "resnet101"])
-    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--backbone", default="resnet50", choices=[*BACKBONES, "none"],
+                        help="counted by default; 'none' plans the classifier alone")
+    parser.add_argument("--image-size", type=_at_least(1), default=224)
     parser.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2, 3])
     parser.add_argument("--deepspeed-config", type=Path,
                         help="read the ZeRO stage, its bucket sizes and bf16 from this file (ds_configs/*.json)")
     parser.add_argument("--no-dali", action="store_true", help="the loader decodes on the CPU (no DALI buffers)")
     parser.add_argument("--no-momentum", action="store_true", help="plain SGD (no momentum buffers)")
     parser.add_argument("--update-in-backward", action="store_true", help="DHP: no full gradient of W")
-    parser.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory per GPU (or per rank)")
+    parser.add_argument("--gpu-memory-gib", type=_positive_float, default=80.0, help="memory per GPU (or per rank)")
     parser.add_argument("--cpu", action="store_true", help="plan CPU ranks (no CUDA context / NCCL buffers)")
-    parser.add_argument("--queue", type=int, default=65536, help="PIC: K recent ids scored besides the batch")
+    parser.add_argument("--queue", type=_at_least(0), default=65536, help="PIC: K recent ids scored besides the batch")
     parser.add_argument("--row-store", default="host", choices=["device", "host", "disk"],
                         help="PIC: where W and its momentum live (device counts them in device memory)")
     parser.add_argument("--co2", action="store_true", help="add CO2's consistency term (co2_alpha > 0)")
@@ -42,14 +65,22 @@ def _run_plan(args: argparse.Namespace) -> int:
     from trainer.bench.planner import GIB, PlanInput, deepspeed_settings, format_plan
     from trainer.engine.deepspeed_setup import load_deepspeed_config
 
-    plan = PlanInput(
-        mode="dhp", num_classes=args.num_classes, ranks=args.ranks, batch=args.batch, dim=args.dim,
-        chunk_size=args.chunk_size, logits_cache_bytes=int(args.logits_cache_gib * GIB), dtype=args.dtype,
-        momentum=not args.no_momentum,
-        update_in_backward=args.update_in_backward, backbone=args.backbone, image_size=args.image_size,
-        views=args.views, zero_stage=args.zero_stage, device="cpu" if args.cpu else "gpu", queue=args.queue,
-        row_store=args.row_store, co2=args.co2, dali=not args.no_dali,
-    )
+    if args.config is not None:
+        from trainer.bench.plan_from_config import plan_input_from_config
+        from trainer.config import load_job_config
+
+        plan = plan_input_from_config(load_job_config(args.config, []), args.ranks, args.num_classes)
+    elif args.num_classes is None:
+        raise SystemExit("instcls plan: give --num-classes N, or --config FILE to plan the job a config describes")
+    else:
+        plan = PlanInput(
+            mode="dhp", num_classes=args.num_classes, ranks=args.ranks, batch=args.batch, dim=args.dim,
+            chunk_size=args.chunk_size, logits_cache_bytes=int(args.logits_cache_gib * GIB), dtype=args.dtype,
+            momentum=not args.no_momentum, update_in_backward=args.update_in_backward,
+            backbone=None if args.backbone == "none" else args.backbone, image_size=args.image_size,
+            views=args.views, zero_stage=args.zero_stage, device="cpu" if args.cpu else "gpu", queue=args.queue,
+            row_store=args.row_store, co2=args.co2, dali=not args.no_dali,
+        )
     if args.deepspeed_config is not None:
         plan = replace(plan, **deepspeed_settings(load_deepspeed_config(args.deepspeed_config, 1)))
     print(format_plan(plan, int(args.gpu_memory_gib * GIB)))

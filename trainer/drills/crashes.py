@@ -1,20 +1,19 @@
-"""Drills that crash or stop a job (a rank killed mid-step or mid-save, a damaged newest
-checkpoint, a full disk, SIGTERM) and check that it resumes to exactly the uninterrupted state."""
+"""Drills that crash a job (a rank killed mid-step or mid-save, a damaged newest checkpoint, a full
+disk) and check that it resumes to exactly the uninterrupted state."""
 
 from __future__ import annotations
 
 import resource
 import shutil
-import signal
-import subprocess
 import time
 from pathlib import Path
 
 from trainer.drills.context import (
-    CADENCE, FOUR_STEPS, NO_LOSS, DrillContext, DrillResult, first_step_after, killed_at, resume_and_compare,
+    FOUR_STEPS, NO_LOSS, DrillContext, DrillResult, first_step_after, killed_at, resume_and_compare,
 )
-from trainer.drills.jobs import LAUNCH, REPO, Job, accounting_difference, job_env, state_difference
+from trainer.drills.jobs import LAUNCH, Job, accounting_difference, job_env, state_difference
 from trainer.engine.checkpoint_files import checkpoint_damage, checkpoint_name, complete_checkpoints, resolve_resume
+from trainer.exit_codes import ExitCode
 
 
 def rank_killed_mid_step(context: DrillContext) -> DrillResult:
@@ -51,7 +50,7 @@ def killed_during_save(context: DrillContext, fault: str, completes: bool, run_d
         "rank-killed-while-saving", f"SIGKILL at {fault} while checkpoint 4 is written",
         f"exit {killed.returncode}; step 4 left as .tmp: {partial}; --resume auto took {picked.name if picked else None}; "
         f"partial files left after the resume: {leftover}", lost, recovery,
-        killed.returncode != 0 and kill_time is not None and partial != completes and picked == expected
+        killed.returncode == ExitCode.CRASHED and kill_time is not None and partial != completes and picked == expected
         and newest_is_expected and not leftover and same)
 
 
@@ -94,27 +93,4 @@ def disk_full_during_save(context: DrillContext) -> DrillResult:
         "disk-full-during-save", "every file write over 1 MiB fails (EFBIG) while checkpoint 4 is saved",
         f"exit {failed.returncode}; error names path and bytes: {named}; traceback: {traceback}; "
         f"{previous.name} intact: {intact}", lost, recovery,
-        failed.returncode != 0 and named and not traceback and intact and same)
-
-
-def preempted_with_sigterm(context: DrillContext) -> DrillResult:
-    job = Job(context.directory("preempted-with-sigterm"), context.shards)
-    process = subprocess.Popen(job.command(CADENCE + ["optim.epochs=50", "logging.log_every=1"], resume="none",
-                                           launcher=LAUNCH),
-                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=job_env())
-    deadline = time.time() + 300
-    while time.time() < deadline and process.poll() is None:
-        if sum(r.get("event") == "step" for r in job.log_records()) >= 3:
-            break
-        time.sleep(0.2)
-    signalled = time.time()
-    process.send_signal(signal.SIGTERM)
-    output, _ = process.communicate(timeout=300)
-    exited = round(time.time() - signalled, 1)
-    saved = complete_checkpoints(job.checkpoints)
-    complete = bool(saved) and checkpoint_damage(saved[-1]) is None and "SIGTERM: saving at step" in output
-    return DrillResult(
-        "preempted-with-sigterm", "SIGTERM to `instcls launch` (what Kubernetes sends a pod)",
-        f"exit {process.returncode}; {saved[-1].name if saved else 'no checkpoint'} complete; "
-        f"saved and exited {exited} s after the signal", "none: the run resumes from that step", exited,
-        process.returncode == 0 and complete)
+        failed.returncode == ExitCode.CHECKPOINT_WRITE_FAILED and named and not traceback and intact and same)

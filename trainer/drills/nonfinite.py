@@ -6,13 +6,15 @@ from __future__ import annotations
 import torch
 
 from trainer.drills.context import CADENCE, FOUR_STEPS, DrillContext, DrillResult
-from trainer.drills.jobs import Job, job_env, state_difference
+from trainer.drills.jobs import LAUNCH, Job, job_env, state_difference
 from trainer.engine.checkpoint_files import checkpoint_name, complete_checkpoints
+from trainer.exit_codes import ExitCode
 
 
 def loss_becomes_nan(context: DrillContext) -> DrillResult:
     job = context.after_two_steps.copy_to(context.directory("loss-becomes-nan"))
-    result = job.run(CADENCE + ["optim.base_lr=1e30", "logging.log_every=1", "checkpoint.every_steps=1"])
+    result = job.run(CADENCE + ["optim.base_lr=1e30", "logging.log_every=1", "checkpoint.every_steps=1"],
+                     launcher=LAUNCH)
     stopped = "became NaN or inf by step" in result.stderr
     newest = complete_checkpoints(job.checkpoints)[-1]
     finite = all(t.isfinite().all() for t in torch.load(newest / "model.pt", weights_only=True).values())
@@ -20,7 +22,7 @@ def loss_becomes_nan(context: DrillContext) -> DrillResult:
         "loss-becomes-nan", "optim.base_lr=1e30: the loss and weights overflow",
         f"exit {result.returncode}; stopped with the step and the last good checkpoint named: {stopped}; newest "
         f"checkpoint {newest.name} finite: {finite}", "none: nothing non-finite was saved", None,
-        result.returncode != 0 and stopped and finite)
+        result.returncode == ExitCode.NONFINITE_LOSS and stopped and finite)
 
 
 def nan_step_skipped(context: DrillContext) -> DrillResult:

@@ -12,8 +12,9 @@ from pathlib import Path
 import torch
 
 from trainer.drills.context import FOUR_STEPS, DrillContext, DrillResult
-from trainer.drills.jobs import Job
+from trainer.drills.jobs import LAUNCH, Job
 from trainer.engine.checkpoint_files import complete_checkpoints, write_manifest
+from trainer.exit_codes import ExitCode
 
 
 class TouchesAFile:
@@ -58,15 +59,21 @@ def _job_with_a_damaged_shard(context: DrillContext, name: str) -> tuple[Job, Pa
 def shard_damaged_mid_run(context: DrillContext) -> DrillResult:
     job, tar = _job_with_a_damaged_shard(context, "shard-damaged-mid-run")
     started = time.time()
-    result = job.run(FOUR_STEPS, resume="none", timeout=300)
+    result = job.run(FOUR_STEPS, resume="none", timeout=300, launcher=LAUNCH)
     seconds = round(time.time() - started, 1)
     named = re.search(rf"instcls: error: {re.escape(tar.name)} key \d+", result.stderr) is not None
     traceback = 'sample_table.py", line' in result.stderr
+    # The reader's rank names the shard; its peer fails after it, on a closed connection.  The job's
+    # last line must be the cause, not the peer's traceback or torchrun's report.
+    last = (result.stderr.strip().splitlines() or [""])[-1]
+    cause_last = re.search(rf"first rank to fail on this node was rank \d: instcls: error: {re.escape(tar.name)} key",
+                           last) is not None
     return DrillResult(
         "shard-damaged-mid-run", f"{tar.name} truncated to a third after validation",
         f"exit {result.returncode} after {seconds} s (no hang); one line names shard and key: {named}; "
-        f"traceback: {traceback}", "none: nothing was saved from a step that lacked its samples", None,
-        result.returncode != 0 and named and not traceback)
+        f"it is the last line: {cause_last}; traceback: {traceback}",
+        "none: nothing was saved from a step that lacked its samples", None,
+        result.returncode == ExitCode.BAD_INPUT and named and cause_last and not traceback)
 
 
 def shard_damaged_skipped(context: DrillContext) -> DrillResult:

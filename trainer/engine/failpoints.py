@@ -12,7 +12,9 @@ Points: ``train.after_backward`` (gradients exist, nothing stepped), and in a ch
 ``checkpoint.after_rename`` (complete, older ones not yet pruned).
 
 One point corrupts instead of killing: ``train.nan_features`` (``armed``) makes the rank's
-features of that step NaN, as a bad batch or an overflow in the backbone would.
+features of that step NaN, as a bad batch or an overflow in the backbone would.  One waits:
+``train.wait_for_sigterm`` (``wait_point``, after the backward) holds the rank until it has had
+SIGTERM, so that a drill's SIGTERM lands mid-run however fast or slow the machine's steps are.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from typing import Callable
 
 ENV = "INSTCLS_FAILPOINT"
 POINTS = (
@@ -30,6 +33,7 @@ POINTS = (
     "checkpoint.before_rename",
     "checkpoint.after_rename",
     "train.nan_features",
+    "train.wait_for_sigterm",
 )
 
 
@@ -76,3 +80,15 @@ def fail_point(name: str, step: int | None = None) -> None:
     print(f"instcls: fail point {name} (step {step}): killing rank {os.environ.get('RANK', '0')} with SIGKILL "
           f"at {time.time():.3f}", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def wait_point(name: str, step: int, released: Callable[[], bool], limit_s: float = 300.0) -> None:
+    """Hold this rank here, if the drill armed ``name`` for it and this step, until ``released()``
+    (at most ``limit_s``: a drill that never sends its signal still ends)."""
+    if not armed(name, step):
+        return
+    print(f"instcls: fail point {name} (step {step}): rank {os.environ.get('RANK', '0')} (pid {os.getpid()}) waits",
+          flush=True)
+    deadline = time.monotonic() + limit_s
+    while not released() and time.monotonic() < deadline:
+        time.sleep(0.05)

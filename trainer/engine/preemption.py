@@ -1,7 +1,8 @@
 """Stopping cleanly: SIGTERM (Kubernetes preemption) and non-finite losses.
 
 The SIGTERM handler only sets a flag.  All ranks agree on it through one tiny all-reduce per step
-on the gloo control group (a CPU tensor, so no GPU sync), then save and exit 0.  That all-reduce is
+on the gloo control group (a CPU tensor, so no GPU sync), then save and exit ``PREEMPTED`` (143,
+``trainer.exit_codes``: retryable).  That all-reduce is
 off the step's critical path: ``stop_after_step`` starts this step's reduction without waiting
 (``async_op``) and reads the one started a step earlier, long finished by then.  Every rank reads
 the same reduced flag at the same step, so all stop after the same step; a SIGTERM simply takes
@@ -43,6 +44,11 @@ class StopSignal:
 
     def _handle(self, signum, frame) -> None:
         self._requested = True
+
+    @property
+    def requested(self) -> bool:
+        """Whether this rank has had SIGTERM (what the others had is known only after the next agreement)."""
+        return self._requested
 
     def stop_after_step(self) -> bool:
         """Whether every rank stops now, after this step (collective: call once per step on all

@@ -13,6 +13,7 @@ from tqdm import tqdm
 from trainer.observability.logs import JsonlLog, memory_readings
 from trainer.observability.memory import peak_rss_bytes
 from trainer.observability.metrics import TrainingMetrics
+from trainer.observability.progress import ProgressLines, on_terminal
 from trainer.observability.what_runs import what_runs_line
 
 
@@ -23,6 +24,13 @@ class RunRecord:
         # evaluations); a resumed run counts from its restart.
         self.images_this_run, self.train_seconds = 0, 0.0
         self._window_start, self._window_images, self._window_wait = time.perf_counter(), 0, 0.0
+        self.progress: ProgressLines | None = None
+
+    def show_progress(self, logging_section, total_steps: int, max_steps: int | None, steps_per_epoch: int) -> None:
+        """Rank 0 with ``logging.progress`` off a terminal: plain lines at log steps (the bar needs a terminal)."""
+        if self.rank == 0 and logging_section.progress and not on_terminal(sys.stderr):
+            last_step = total_steps if max_steps is None else min(total_steps, max_steps)
+            self.progress = ProgressLines(last_step, steps_per_epoch, logging_section.progress_every_s)
 
     def say(self, message: str) -> None:
         self.log.write(event="message", message=message)
@@ -62,26 +70,29 @@ class RunRecord:
         """Throughput is measured from here to the next log step."""
         self._window_start, self._window_images, self._window_wait = time.perf_counter(), 0, 0.0
 
-    def close_window(self) -> tuple[float, float]:
-        """``(images/s, data wait)`` since the window started, taken before a log step's syncs."""
-        window = (self._window_images / (time.perf_counter() - self._window_start), self._window_wait)
+    def close_window(self) -> tuple[float, float, float]:
+        """``(images/s, data wait, seconds)`` since the window started, taken before a log step's syncs."""
+        seconds = time.perf_counter() - self._window_start
+        window = (self._window_images / seconds, self._window_wait, seconds)
         self.start_window()
         return window
 
-    def log_step(self, epoch: int, step: int, loss: torch.Tensor, lr: float, objective,
-                 window: tuple[float, float]) -> None:
+    def log_step(self, epoch: int, step_in_epoch: int, step: int, loss: torch.Tensor, lr: float, objective,
+                 window: tuple[float, float, float]) -> None:
         """A log step (a host sync): loss, ``window``'s throughput and data wait, memory, the objective's metrics."""
         loss_value = float(loss)
         memory = memory_readings(self.device)
         objective_metrics = self.objective_metrics(objective)
         self.metrics.loss.set(loss_value)
         self.metrics.set_memory(memory)
-        images_per_second, data_wait = window
+        images_per_second, data_wait, seconds = window
         # null, not NaN, for a skipped step's loss: strict JSON readers (jq, log shippers) reject NaN
         self.log.write(event="step", epoch=epoch, step=step, loss=round(loss_value, 5) if math.isfinite(loss_value)
                        else None, lr=lr, images_per_s=round(images_per_second, 2), data_wait_s=round(data_wait, 4),
                        memory_bytes=memory,
                        **{f"objective_{name}": round(value, 4) for name, value in objective_metrics.items()})
+        if self.progress is not None:
+            self.progress.log_step(epoch, step_in_epoch, step, loss_value, images_per_second, data_wait / seconds)
 
     def epoch_done(self, epoch: int, seconds: float, objective) -> None:
         self.train_seconds += seconds

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from data_pipeline.loader import build_loader
 from data_pipeline.manifest import ShardManifest
@@ -30,18 +29,19 @@ from trainer.engine.checkpoint import FieldsState, load_checkpoint, save_checkpo
 from trainer.engine.checkpoint_files import checkpoint_name, resolve_resume_on_rank0
 from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, load_deepspeed_config
 from trainer.engine.engine_state import EngineState
-from trainer.engine.failpoints import armed, fail_point
+from trainer.engine.failpoints import armed, fail_point, wait_point
 from trainer.engine.preemption import NonFiniteWatch, StopSignal
 from trainer.engine.rng_state import RngState, reseed
+from trainer.engine.run_fingerprint import refuse_another_jobs_checkpoint, run_fingerprint
 from trainer.engine.run_record import RunRecord
 from trainer.engine.step_skipping import StepSkipper
 from trainer.engine.training_eval import TrainingEvaluation
 from trainer.engine.schedule import LRSchedule, scaled_lr, set_lr
-from trainer.parallel.launch import mark_clean_stop
 from trainer.models import build_model
 from trainer.objectives import ObjectiveContext, OptimSettings, StepViews, View, build_objective, objective_parameters
 from trainer.observability.logs import JsonlLog
 from trainer.observability.metrics import TrainingMetrics
+from trainer.observability.progress import epoch_bar
 from trainer.observability.what_runs import what_runs
 from trainer.parallel import ParallelDims
 
@@ -109,12 +109,14 @@ class Trainer:
             peak_lr=peak_lr, warmup_steps=round(config.optim.warmup_epochs * self.steps_per_epoch),
             total_steps=total_steps, min_lr=peak_lr * config.optim.min_lr_ratio,
         )
+        self.record.show_progress(config.logging, total_steps, config.max_steps, self.steps_per_epoch)
 
         self.state = TrainerState()
+        self.fingerprint = run_fingerprint(config, self.num_instances)
         # Everything a checkpoint holds, restored in this order: the RNG last, after the position
         # it reseeds from on a new world size and after anything that might draw from it.
         self.checkpoint_state = {
-            "trainer": FieldsState(self.state, num_instances=self.num_instances),
+            "trainer": FieldsState(self.state, num_instances=self.num_instances, fingerprint=self.fingerprint),
             "engine": EngineState(self.engine, log=self._say),
             "objective": self.objective,
             "sampler": self.train_loader.sampler,
@@ -135,6 +137,7 @@ class Trainer:
     # -- helpers ---------------------------------------------------------------------------
 
     def _restore(self, path: Path) -> None:
+        refuse_another_jobs_checkpoint(path, self.fingerprint)  # before any tensor fails to fit
         load_checkpoint(path, self.checkpoint_state, self.dims)
         self._say(f"resumed from {path} at epoch {self.state.epoch} step {self.state.global_step}")
 
@@ -195,8 +198,7 @@ class Trainer:
         epoch_start = time.perf_counter()
         self.objective.on_epoch_start(epoch)
         self.engine.train()
-        bar = tqdm(total=self.steps_per_epoch, initial=state.step_in_epoch, desc=f"epoch {epoch}", disable=not (
-            config.logging.progress and dims.rank == 0), unit="step")
+        bar = epoch_bar(self.steps_per_epoch, state.step_in_epoch, epoch, config.logging.progress and dims.rank == 0)
         self.record.start_window()
         wait_start = time.perf_counter()
         # The loader starts at the first step not yet done: nothing before it is read or decoded.
@@ -222,15 +224,14 @@ class Trainer:
             if log_step:
                 window = self.record.close_window()  # the throughput, before the syncs below
                 self.nonfinite.check(dims.control_group, state.global_step, str(self.last_checkpoint or ""))
-                self.record.log_step(epoch, state.global_step, loss, self.schedule.lr_at(state.global_step - 1),
-                                     self.objective, window)
+                self.record.log_step(epoch, state.step_in_epoch, state.global_step, loss,
+                                     self.schedule.lr_at(state.global_step - 1), self.objective, window)
             every = config.checkpoint.every_steps
             if every and state.global_step % every == 0:
                 self._save()
             if stop_agreed if stop_agreed is not None else self.stop_signal.stop_after_step():
                 self._say(f"SIGTERM: saving at step {state.global_step} and exiting")
                 self._save()
-                mark_clean_stop(dims.rank)
                 bar.close()
                 return "sigterm"
             wait_start = time.perf_counter()
@@ -279,6 +280,7 @@ class Trainer:
             self.skipper.kept()
         self.engine.backward(loss)
         fail_point("train.after_backward", self.state.global_step + 1)  # the fault drills' node loss mid-step
+        wait_point("train.wait_for_sigterm", self.state.global_step + 1, lambda: self.stop_signal.requested)
         self.engine.step()
         self.objective.after_backward()
         for optimizer in optimizers:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainer.engine.rng_state import reseed
-from trainer.evaluation.features import bank_and_queries, gather_to_host
+from trainer.evaluation.features import EvaluationData, gather_to_host
 from trainer.evaluation.knn import sharded_knn_accuracy
 from trainer.evaluation.linear import linear_probe_accuracy
 from trainer.evaluation.sharded_knn import knn_bank_shard
@@ -33,7 +33,7 @@ def frozen_accuracy(model, config, protocol: str) -> tuple[str, float, int]:
     model.to(dims.device)
     if protocol not in PROTOCOLS:
         raise ValueError(f"eval protocol {protocol!r} is unknown: choose one of {', '.join(PROTOCOLS)}")
-    bank, queries = bank_and_queries(model, config.data, config.eval, dims)
+    bank, queries = EvaluationData(config.data, config.eval, dims).bank_and_queries(model)
     group = dims.data_parallel_group
     if protocol == "knn":
         shard = knn_bank_shard(bank.features, bank.labels, bank.ids, group)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from data_pipeline.config import LoaderConfig
+from data_pipeline.indexed_loader import IndexedLoader
 from data_pipeline.loader import build_loader
 from data_pipeline.sample_table import sample_table
 from data_pipeline.sampler import Sampler
@@ -34,26 +34,25 @@ class LocalFeatures:
 
 
 @torch.no_grad()
-def extract_local_features(model: InstanceModel, shard_dir: Path, loader_config: LoaderConfig, dims: ParallelDims,
-                           dtype: torch.dtype = torch.float32, sampler: Sampler | None = None) -> LocalFeatures:
-    """This rank's share of ``shard_dir`` (all of it, or ``sampler``'s ids) through the inference
-    pipeline (resize + centre crop), BatchNorm in eval mode.
+def extract_local_features(model: InstanceModel, loader: IndexedLoader,
+                           dtype: torch.dtype = torch.float32) -> LocalFeatures:
+    """This rank's share of ``loader``'s samples (an inference loader: resize + centre crop, the
+    whole shard set or its sampler's ids), BatchNorm in eval mode.
 
     Rows are written into one buffer sized for this rank's steps (about N/T + one batch), not
     concatenated at the end, so the peak is the shard itself, not twice it.
     """
     model.eval()
-    loader = build_loader(shard_dir, loader_config, dims.rank, dims.world_size, dims.device, train=False,
-                          sampler=sampler)
-    capacity = len(loader) * loader_config.batch_size
+    device = loader.device
+    capacity = len(loader) * loader.config.batch_size
     features = None
-    labels = torch.empty(capacity, dtype=torch.int64, device=dims.device)
-    ids = torch.empty(capacity, dtype=torch.int64, device=dims.device)
+    labels = torch.empty(capacity, dtype=torch.int64, device=device)
+    ids = torch.empty(capacity, dtype=torch.int64, device=device)
     filled = 0
     for batch in loader.epoch_batches(0):
         rows = model.backbone_features(batch.views[0])
         if features is None:
-            features = torch.empty((capacity, rows.shape[1]), dtype=dtype, device=dims.device)
+            features = torch.empty((capacity, rows.shape[1]), dtype=dtype, device=device)
         valid = batch.valid.nonzero().squeeze(1)
         end = filled + valid.numel()
         features[filled:end] = rows[valid]
@@ -72,17 +71,24 @@ def bank_sampler(shard_dir: Path, eval_section, dims: ParallelDims, batch_size: 
     return SubsetSampler(ids, dims.world_size, batch_size)
 
 
-def bank_and_queries(model: InstanceModel, data, eval_section,
-                     dims: ParallelDims) -> tuple[LocalFeatures, LocalFeatures]:
-    """``(bank, queries)``, this rank's rows of each, for frozen-feature evaluation of ``data`` (a
-    ``DataSection``): the bank is ``knn_bank_shards`` (default: the training shards; only
-    ``eval.bank_samples`` of them when set), stored in ``eval.bank_dtype``; the queries are the
-    held-out ``eval_shards``, in float32."""
-    bank_dir = data.knn_bank_shards or data.train_shards
-    sampler = bank_sampler(bank_dir, eval_section, dims, data.loader.batch_size)
-    bank = extract_local_features(model, bank_dir, data.loader, dims, BANK_DTYPES[eval_section.bank_dtype], sampler)
-    queries = extract_local_features(model, data.eval_shards, data.loader, dims)
-    return bank, queries
+class EvaluationData:
+    """The two inference loaders of frozen-feature evaluation of ``data`` (a ``DataSection``), built
+    once and kept, so every evaluation of a run reuses their decoders (a DALI pipeline each): the
+    bank is ``knn_bank_shards`` (default: the training shards; only ``eval.bank_samples`` of them
+    when set), stored in ``eval.bank_dtype``; the queries are the held-out ``eval_shards``, in float32."""
+
+    def __init__(self, data, eval_section, dims: ParallelDims) -> None:
+        bank_dir = data.knn_bank_shards or data.train_shards
+        sampler = bank_sampler(bank_dir, eval_section, dims, data.loader.batch_size)
+        self.bank = build_loader(bank_dir, data.loader, dims.rank, dims.world_size, dims.device, train=False,
+                                 sampler=sampler)
+        self.queries = build_loader(data.eval_shards, data.loader, dims.rank, dims.world_size, dims.device,
+                                    train=False)
+        self.bank_dtype = BANK_DTYPES[eval_section.bank_dtype]
+
+    def bank_and_queries(self, model: InstanceModel) -> tuple[LocalFeatures, LocalFeatures]:
+        """``(bank, queries)``: this rank's rows of each, through ``model``."""
+        return extract_local_features(model, self.bank, self.bank_dtype), extract_local_features(model, self.queries)
 
 
 def gather_to_host(local: LocalFeatures, dims: ParallelDims,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from trainer.evaluation.features import bank_and_queries, gather_to_host
+from trainer.evaluation.features import EvaluationData, gather_to_host
 from trainer.evaluation.knn import sharded_knn_accuracy
 from trainer.evaluation.linear import linear_probe_accuracy, linear_probe_curve
 from trainer.evaluation.sharded_knn import knn_bank_shard
@@ -25,11 +25,14 @@ class FrozenFeatureScores:
         self.config, self.dims = config, dims
         self._random_init = random_init
         self._random_knn = None
+        self._data = None  # EvaluationData, built at the first score (not at all in runs that never evaluate)
 
     def _scores(self, model: InstanceModel, linear: bool) -> tuple[float, tuple | None]:
         """(kNN accuracy, the linear probe's inputs gathered to host memory when ``linear``), from
         one pass over the bank and the held-out set."""
-        bank, queries = bank_and_queries(model.to(self.dims.device), self.config.data, self.config.eval, self.dims)
+        if self._data is None:
+            self._data = EvaluationData(self.config.data, self.config.eval, self.dims)
+        bank, queries = self._data.bank_and_queries(model.to(self.dims.device))
         shard = knn_bank_shard(bank.features, bank.labels, bank.ids, self.dims.data_parallel_group)
         knn = sharded_knn_accuracy(shard, queries.features, queries.labels, self.config.eval.knn_k,
                                    self.config.eval.knn_temperature, self.dims.data_parallel_group)

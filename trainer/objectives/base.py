@@ -65,6 +65,11 @@ class ObjectiveConfig:
 
     name: str
 
+    def fingerprint_fields(self) -> tuple[str, ...]:
+        """Settings that shape this objective's saved state: a resume under other values is refused
+        (``trainer.engine.run_fingerprint``)."""
+        return ("name",)
+
 
 @dataclass(frozen=True)
 class OptimSettings:

@@ -69,6 +69,9 @@ class SwavConfig(ObjectiveConfig):
     queue_start_epoch: int = 15
     collapse_log_steps: int = 10
 
+    def fingerprint_fields(self) -> tuple[str, ...]:
+        return ("name", "num_prototypes", "queue_length")
+
     def __post_init__(self) -> None:
         checks = [
             (self.num_prototypes >= 2, "num_prototypes", "use at least 2 prototypes (paper: 3000)"),

@@ -1,10 +1,12 @@
 """Starting ranks: the container's entry point (``instcls launch``) and local worker processes.
 
-``launch``: torchrun forwards SIGTERM to its workers, but then re-raises it and exits 1 even when
-every worker saved a checkpoint and exited 0, and Kubernetes records the main process's code.  So
-``instcls launch ARGS...`` runs ``python -m torch.distributed.run ARGS...`` as a child, forwards
-SIGTERM/SIGINT to it, and exits 0 if the workers reported a completed preemption save (they write
-a marker into ``INSTCLS_STOP_MARKER_DIR`` after the collective save finishes), else torchrun's code.
+``launch``: ``instcls launch ARGS...`` runs ``python -m torch.distributed.run ARGS...`` as a child,
+forwards SIGTERM/SIGINT to it and exits with a code a Job controller can act on
+(``trainer.exit_codes``): 0 when the run finished, 143 when it was preempted (retry), 2-4 when a
+retry cannot help.  torchrun alone cannot say which: it exits 1 whenever a worker failed, whatever
+the worker's code, and also after a SIGTERM it forwarded.  So every worker writes its own exit code
+into ``INSTCLS_EXIT_CODE_DIR`` (``run_reporting_exit_code``) and the launcher reads them when
+torchrun is done.
 torchrun's stderr passes through unchanged; when the job fails because its port was taken or the
 rendezvous never completed, one last line says what to change (torchrun's own text is a traceback).
 torchrun SIGKILLs its workers 30 s after forwarding SIGTERM unless told otherwise, far less than a
@@ -34,17 +36,9 @@ from typing import Any, Callable
 import torch
 import torch.multiprocessing as mp
 
+from trainer.exit_codes import EXIT_CODE_ENV, ExitCode, node_exit_code, reported_exit_codes
 from trainer.parallel.dims import shutdown_distributed
-
-MARKER_ENV = "INSTCLS_STOP_MARKER_DIR"
-
-
-def mark_clean_stop(rank: int) -> None:
-    """Called by a worker after its preemption checkpoint is complete."""
-    directory = os.environ.get(MARKER_ENV)
-    if directory:
-        (Path(directory) / f"rank-{rank:05d}").touch()
-
+from trainer.parallel.launch_notices import RendezvousNotice, failure_cause_line, rendezvous_description
 
 # (what torchrun's stderr says, what to change): the failures a user fixes in the command, not the code
 _LAUNCH_ADVICE = (
@@ -98,9 +92,8 @@ def torchrun_command(torchrun_args: list[str], environ: dict[str, str] | None = 
 
 def launch(torchrun_args: list[str]) -> int:
     command = torchrun_command(torchrun_args)
-    marker_dir = Path(tempfile.mkdtemp(prefix="instcls-stop-"))
-    child = subprocess.Popen(command,
-                             env=dict(os.environ, **{MARKER_ENV: str(marker_dir)}), stderr=subprocess.PIPE)
+    reports = Path(tempfile.mkdtemp(prefix="instcls-exit-codes-"))
+    child = subprocess.Popen(command, env=dict(os.environ, **{EXIT_CODE_ENV: str(reports)}), stderr=subprocess.PIPE)
     tail = bytearray()
     reader = threading.Thread(target=_pass_through, args=(child.stderr, tail), daemon=True)
     reader.start()
@@ -112,22 +105,30 @@ def launch(torchrun_args: list[str]) -> int:
 
     previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
-        returncode = child.wait()
+        with RendezvousNotice(reports, rendezvous_description(torchrun_args)):
+            returncode = child.wait()
     finally:
         # Put the caller's handlers back: a handler left forwarding to a finished child would
         # swallow the SIGTERM meant for this process or for any process it forks later.
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     reader.join()
-    saved = any(marker_dir.iterdir())
-    shutil.rmtree(marker_dir, ignore_errors=True)
-    if received and saved:
-        print("instcls launch: preempted; the workers saved a complete checkpoint, exiting 0", flush=True)
-        return 0
-    advice = launch_advice(tail.decode(errors="replace")) if returncode else None
-    if advice:
-        print(f"instcls launch: failed ({returncode}): {advice}", file=sys.stderr, flush=True)
-    return returncode
+    rank_codes = reported_exit_codes(reports)
+    cause = failure_cause_line(reports)
+    shutil.rmtree(reports, ignore_errors=True)
+    code = node_exit_code(returncode, rank_codes, signal.SIGTERM in received)
+    ranks = f"torchrun exited {returncode}, this node's ranks {sorted(set(rank_codes)) or 'reported nothing'}"
+    if code == ExitCode.PREEMPTED:
+        print(f"instcls launch: preempted, exiting {code} (retry: the same command resumes from the newest complete "
+              f"checkpoint; {ranks})", flush=True)
+    elif code != ExitCode.FINISHED:
+        meaning = ExitCode(code).name if code in ExitCode.__members__.values() else "not an instcls code"
+        advice = launch_advice(tail.decode(errors="replace"))
+        print(f"instcls launch: exiting {code} ({meaning}; {ranks})" + (f": {advice}" if advice else ""),
+              file=sys.stderr, flush=True)
+        if cause is not None and advice is None:
+            print(cause, file=sys.stderr, flush=True)
+    return code
 
 
 def free_port() -> int:

@@ -1,0 +1,143 @@
+"""Render this repository's kustomizations without kubectl: the kustomize subset they use, no more.
+
+    python k8s/render_overlay.py k8s/overlays/indexed-job      # the objects `kubectl kustomize` builds
+
+Deploying goes through `kubectl apply -k` (the kustomize built into kubectl).  This renderer is
+for machines without kubectl, above all CI: the offline tests render and validate every overlay
+with it there.  Wherever kubectl is installed, tests/unit/test_k8s.py checks that both give the
+same objects in the same order, so the two cannot drift apart.
+
+The subset: ``resources`` (YAML files, and directories holding a Kustomization), ``components``
+(directories holding a Component, whose transformers act on the including kustomization's
+resources), ``images`` (``name`` -> ``newName``/``newTag``/``digest`` on every ``image`` of a
+``containers`` or ``initContainers`` list, at any depth: kustomize does so for custom resources
+too) and ``sortOptions: {order: fifo}`` on the top kustomization (resources in the order listed,
+depth first, a component's after its parent's).  Any other field is refused with the file's name,
+so a kustomization that grows a feature fails here instead of rendering something else.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+KUSTOMIZATION_NAMES = ("kustomization.yaml", "kustomization.yml", "Kustomization")
+FIELDS = {"apiVersion", "kind", "resources", "components", "images", "sortOptions"}
+IMAGE_FIELDS = {"name", "newName", "newTag", "digest"}
+CONTAINER_LISTS = ("containers", "initContainers")
+
+
+class UnsupportedKustomization(ValueError):
+    """A kustomization uses something outside the subset above."""
+
+
+def render(directory: Path) -> list[dict]:
+    """The objects ``kubectl kustomize DIRECTORY`` prints, in its order."""
+    directory = Path(directory)
+    path, kustomization = _load(directory, "Kustomization")
+    if kustomization.get("sortOptions") != {"order": "fifo"}:
+        raise UnsupportedKustomization(
+            f"{path}: add `sortOptions: {{order: fifo}}`; without it kustomize sorts by kind (its legacy "
+            "order), which this renderer does not reproduce")
+    objects = _build(directory, "Kustomization")
+    seen = set()
+    for obj in objects:
+        key = (obj.get("apiVersion"), obj.get("kind"), obj.get("metadata", {}).get("namespace"),
+               obj.get("metadata", {}).get("name"))
+        if key in seen:
+            raise UnsupportedKustomization(f"{directory}: {key[1]} {key[3]!r} is defined twice")
+        seen.add(key)
+    return objects
+
+
+def _load(directory: Path, kind: str) -> tuple[Path, dict]:
+    path = next((directory / name for name in KUSTOMIZATION_NAMES if (directory / name).is_file()), None)
+    if path is None:
+        raise UnsupportedKustomization(f"{directory}: no kustomization.yaml (a resource or component directory "
+                                       "must hold one)")
+    data = yaml.safe_load(path.read_text()) or {}
+    unknown = sorted(set(data) - FIELDS)
+    if unknown:
+        raise UnsupportedKustomization(
+            f"{path}: {', '.join(unknown)} is outside the subset k8s/render_overlay.py renders ({', '.join(sorted(FIELDS))}); "
+            "keep the kustomization within it, or implement the field there and let the kubectl comparison test prove it")
+    found = data.get("kind", "Kustomization")
+    if found != kind:
+        raise UnsupportedKustomization(f"{path}: kind {found}, expected a {kind} here")
+    if kind == "Component" and "sortOptions" in data:
+        raise UnsupportedKustomization(f"{path}: sortOptions belongs to the top kustomization (kustomize ignores it here)")
+    for image in data.get("images", []):
+        if not isinstance(image, dict) or "name" not in image or set(image) - IMAGE_FIELDS:
+            raise UnsupportedKustomization(f"{path}: an images entry takes name and newName/newTag/digest, got {image!r}")
+    return path, data
+
+
+def _build(directory: Path, kind: str, objects: list[dict] | None = None) -> list[dict]:
+    """Accumulate a kustomization's resources, then apply its components and its own images.
+
+    A Component is built onto ``objects`` (its parent's resources so far), which its images rewrite."""
+    _, data = _load(directory, kind)
+    objects = [] if objects is None else objects
+    for entry in data.get("resources", []):
+        target = directory / entry
+        if target.is_dir():
+            objects.extend(_build(target, "Kustomization"))
+        elif target.is_file():
+            # Through JSON: YAML aliases (&anchor / *anchor) become copies, as kustomize expands them.
+            objects.extend(json.loads(json.dumps(document)) for document in yaml.safe_load_all(target.read_text())
+                           if document)
+        else:
+            raise UnsupportedKustomization(f"{directory}: resource {entry!r} is neither a file nor a directory "
+                                           "(remote resources are outside the subset)")
+    for entry in data.get("components", []):
+        objects = _build(directory / entry, "Component", objects)
+    for image in data.get("images", []):
+        for obj in objects:
+            _set_images(obj, image)
+    return objects
+
+
+def _set_images(node, rule: dict) -> None:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in CONTAINER_LISTS and isinstance(value, list):
+                for container in value:
+                    if isinstance(container, dict) and isinstance(container.get("image"), str):
+                        container["image"] = _new_image(container["image"], rule)
+            _set_images(value, rule)
+    elif isinstance(node, list):
+        for item in node:
+            _set_images(item, rule)
+
+
+def _split_image(image: str) -> tuple[str, str]:
+    """``registry:5000/name:tag`` -> (``registry:5000/name``, ``:tag``); a digest stays with its ``@``."""
+    if "@" in image:
+        name, digest = image.split("@", 1)
+        return name, "@" + digest
+    slash = image.rfind("/")
+    colon = image.rfind(":")
+    if colon > slash:
+        return image[:colon], image[colon:]
+    return image, ""
+
+
+def _new_image(image: str, rule: dict) -> str:
+    name, reference = _split_image(image)
+    if name != rule["name"]:
+        return image
+    name = rule.get("newName", name)
+    if "digest" in rule:
+        return f"{name}@{rule['digest']}"
+    if "newTag" in rule:
+        return f"{name}:{rule['newTag']}"
+    return name + reference
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python k8s/render_overlay.py KUSTOMIZATION_DIRECTORY")
+    print(yaml.safe_dump_all(render(Path(sys.argv[1])), sort_keys=False), end="")

@@ -1,0 +1,116 @@
+"""k8s/render_overlay.py, the renderer the offline tests use where kubectl is missing, builds what
+`kubectl kustomize` builds (checked wherever kubectl is installed), and refuses what it does not
+implement rather than render it differently."""
+
+import shutil
+import textwrap
+
+import pytest
+
+from tests.helpers.k8s_manifests import K8S, OVERLAYS, kubectl_kustomize, load_renderer
+
+needs_kubectl = pytest.mark.skipif(shutil.which("kubectl") is None,
+                                   reason="kubectl is the reference; without it the tests use the renderer alone")
+
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+
+
+@needs_kubectl
+def test_the_renderer_builds_each_overlay_as_kubectl_does():
+    renderer = load_renderer()
+    assert OVERLAYS
+    for overlay in OVERLAYS:
+        directory = K8S / "overlays" / overlay
+        assert renderer.render(directory) == kubectl_kustomize(directory), overlay  # same objects, same order
+
+
+@needs_kubectl
+def test_the_renderer_follows_kustomize_on_images_bases_and_components(tmp_path):
+    """Beyond what the overlays use today: tags, digests, registries with ports, names that only
+    share a prefix, init containers deep in a custom resource, a base's own images (they rewrite
+    only the base's resources), YAML anchors, and a component's resources."""
+    write(tmp_path / "base/kustomization.yaml", """\
+        resources: [pod.yaml]
+        images:
+        - {name: helper, newTag: "2"}
+        """)
+    write(tmp_path / "base/pod.yaml", """\
+        apiVersion: v1
+        kind: Pod
+        metadata: {name: from-base}
+        spec:
+          containers:
+          - {name: a, image: helper:1}
+          - {name: b, image: instcls:old}
+        """)
+    write(tmp_path / "component/kustomization.yaml", """\
+        apiVersion: kustomize.config.k8s.io/v1alpha1
+        kind: Component
+        resources: [config.yaml]
+        images:
+        - {name: instcls, newName: registry.example.com:5000/team/instcls, newTag: 1.2.3}
+        - {name: registry.local:5000/tool, digest: "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}
+        """)
+    write(tmp_path / "component/config.yaml", """\
+        apiVersion: v1
+        kind: ConfigMap
+        metadata: {name: settings}
+        data: {answer: "42", enabled: "true"}
+        """)
+    write(tmp_path / "top/kustomization.yaml", """\
+        resources: [../base, custom.yaml]
+        components: [../component]
+        sortOptions: {order: fifo}
+        """)
+    write(tmp_path / "top/custom.yaml", """\
+        apiVersion: example.com/v1
+        kind: Trainer
+        metadata: {name: deep}
+        spec:
+          replicas:
+            Leader:
+              template:
+                spec:
+                  securityContext: &context {fsGroup: 1000}
+                  initContainers:
+                  - {name: init, image: "registry.local:5000/tool:3"}
+                  containers:
+                  - {name: main, image: instcls}
+                  - {name: other, image: instclsx:1}
+                  - {name: pinned, image: "instcls@sha256:aaaa"}
+            Follower:
+              template:
+                spec:
+                  securityContext: *context
+                  containers:
+                  - {name: main, image: helper:1}
+                  - {name: untagged, image: "registry.local:5000/tool"}
+        ---
+        # a document holding only a comment is no object
+        """)
+    assert load_renderer().render(tmp_path / "top") == kubectl_kustomize(tmp_path / "top")
+
+
+def test_the_renderer_refuses_what_it_does_not_implement(tmp_path):
+    renderer = load_renderer()
+    write(tmp_path / "job.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n")
+    write(tmp_path / "patched/kustomization.yaml", """\
+        resources: [../job.yaml]
+        patches: [{path: p.yaml}]
+        sortOptions: {order: fifo}
+        """)
+    with pytest.raises(renderer.UnsupportedKustomization, match=r"patched/kustomization.yaml: patches is outside"):
+        renderer.render(tmp_path / "patched")
+    write(tmp_path / "legacy/kustomization.yaml", "resources: [../job.yaml]\n")
+    with pytest.raises(renderer.UnsupportedKustomization, match=r"legacy/kustomization.yaml: add `sortOptions"):
+        renderer.render(tmp_path / "legacy")
+    write(tmp_path / "not-a-component/kustomization.yaml", "resources: []\n")
+    write(tmp_path / "uses/kustomization.yaml", "components: [../not-a-component]\nsortOptions: {order: fifo}\n")
+    with pytest.raises(renderer.UnsupportedKustomization, match=r"kind Kustomization, expected a Component"):
+        renderer.render(tmp_path / "uses")
+    write(tmp_path / "twice/kustomization.yaml", "resources: [../job.yaml, ../job.yaml]\nsortOptions: {order: fifo}\n")
+    with pytest.raises(renderer.UnsupportedKustomization, match=r"ConfigMap 'a' is defined twice"):
+        renderer.render(tmp_path / "twice")
