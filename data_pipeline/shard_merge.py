@@ -30,11 +30,23 @@ def _missing(out_dir: Path, plan: IngestPlan) -> list[int]:
     return [number for number in range(plan.num_shards) if finished_record(out_dir, number) is None]
 
 
+def _wait_for_plan(out_dir: Path, deadline: float, poll_seconds: float) -> IngestPlan:
+    """The ingest's plan, waiting for it until ``deadline``: a merge Job starts with the parts, which
+    write the plan only once they have listed the whole source (minutes at 14.2M files)."""
+    while True:
+        try:
+            return IngestPlan.load(out_dir)
+        except FileNotFoundError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(min(poll_seconds, max(deadline - time.monotonic(), 0.0)))
+
+
 def merge_shards(out_dir: Path, wait_seconds: float = 0.0, poll_seconds: float = 10.0) -> ShardManifest:
     """Merge a finished ingest; with ``wait_seconds``, wait that long for the parts to finish."""
     out_dir = Path(out_dir)
-    plan = IngestPlan.load(out_dir)
     deadline = time.monotonic() + wait_seconds
+    plan = _wait_for_plan(out_dir, deadline, poll_seconds)
     missing = _missing(out_dir, plan)
     while missing and time.monotonic() < deadline:
         time.sleep(min(poll_seconds, max(deadline - time.monotonic(), 0.0)))

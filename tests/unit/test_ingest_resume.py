@@ -48,6 +48,15 @@ def test_any_workers_and_parts_give_the_same_shard_set(source, reference, tmp_pa
     merge_shards(out, wait_seconds=60, poll_seconds=0.1)  # a merge Job started beside the parts waits for them
     finisher.join()
     assert files_of(out) == reference
+    # A merge that starts before any part has listed the source (no plan yet) waits for the plan too.
+    early = tmp_path / "early"
+    writer = threading.Timer(0.3, write_shards, (source, early, SETTINGS), {"progress": False})
+    writer.start()
+    merge_shards(early, wait_seconds=60, poll_seconds=0.1)
+    writer.join()
+    assert files_of(early) == reference
+    with pytest.raises(FileNotFoundError, match="holds no ingest to merge"):
+        merge_shards(tmp_path / "never", wait_seconds=0.2, poll_seconds=0.05)
 
 
 def test_a_killed_ingest_resumes_to_identical_shards(source, reference, tmp_path):
