@@ -60,7 +60,7 @@ demo: $(INSTALLED) $(SCENE_SHARDS)
 ablate: $(INSTALLED) $(SCENE_SHARDS)
 	OMP_NUM_THREADS=1 $(BIN)/instcls ablate
 
-# Every fault drill on 2 CPU ranks (4-6 minutes): the table of what survived (README, Reliability).
+# Every fault drill on 2 CPU ranks (4-6 minutes): the table of what survived (docs/reliability.md).
 drill: $(INSTALLED)
 	OMP_NUM_THREADS=1 $(BIN)/instcls drill --work-dir out/drills
 

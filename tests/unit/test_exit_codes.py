@@ -139,7 +139,7 @@ def exit_code_table(markdown: str) -> dict[int, str]:
     return {int(m.group(1)): m.group(2) for m in rows if m}
 
 
-@pytest.mark.parametrize("readme", ["README.md", "k8s/README.md"])
+@pytest.mark.parametrize("readme", ["README.md", "k8s/README.md", "docs/cluster.md"])
 def test_the_readmes_tables_list_exactly_the_launchers_codes(readme):
     rows = exit_code_table((ROOT / readme).read_text())
     assert sorted(rows) == sorted(int(code) for code in ExitCode), rows
