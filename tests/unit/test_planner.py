@@ -146,7 +146,7 @@ def test_the_plan_reads_zero_settings_from_a_deepspeed_config():
         "zero_stage": 1, "reduce_bucket": 500_000_000, "overlap_comm": True, "dtype": "float32"}
 
 
-def test_a_config_is_planned_as_the_job_it_describes(tmp_path):
+def test_a_config_is_planned_as_the_job_it_describes(tmp_path, capsys):
     from trainer.bench.plan_from_config import plan_input_from_config
     from trainer.config import load_job_config
 
@@ -157,6 +157,11 @@ def test_a_config_is_planned_as_the_job_it_describes(tmp_path):
         "dhp", 1_281_167, 64, 64 * 64, 128, "resnet50", 224, 2, 1, "bfloat16", True, "gpu")
     pic = plan_input_from_config(load_job_config(repo / "configs/pic_in1k_r50.yaml", []), 8, 1000)
     assert (pic.mode, pic.row_store, pic.queue) == ("pic", "host", 65536)
+    from trainer.cli import main
+
+    assert main(["plan", "--config", str(repo / "configs/in1k_r50_64gpu.yaml"), "--ranks", "64", "--num-classes",
+                 "1000", "--cpu"]) == 0  # --cpu holds with --config too: no CUDA context is counted
+    assert "CUDA context" not in capsys.readouterr().out
     missing = load_job_config(repo / "configs/in1k_r50_64gpu.yaml", [f"data.train_shards={tmp_path}"])
     with pytest.raises(ValueError, match=f"data.train_shards={tmp_path} has no manifest.json .* --num-classes N"):
         plan_input_from_config(missing, 64, None)

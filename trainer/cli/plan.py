@@ -70,6 +70,8 @@ def _run_plan(args: argparse.Namespace) -> int:
         from trainer.config import load_job_config
 
         plan = plan_input_from_config(load_job_config(args.config, []), args.ranks, args.num_classes)
+        if args.cpu:
+            plan = replace(plan, device="cpu")
     elif args.num_classes is None:
         raise SystemExit("instcls plan: give --num-classes N, or --config FILE to plan the job a config describes")
     else:
