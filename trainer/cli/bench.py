@@ -21,6 +21,7 @@ def register(commands) -> None:
     _add_ddp_vs_dhp(benchmarks)
     _add_pic(benchmarks)
     _add_exporter(benchmarks)
+    _add_checkpoint(benchmarks)
 
 
 def _add_bench(benchmarks, name: str, settings_class: type, handler, help: str, description: str | None = None,
@@ -141,6 +142,27 @@ def _run_exporter(args: argparse.Namespace) -> int:
     if args.scrapers < 1 or args.rounds < 1 or args.seconds <= 0:
         raise ValueError("bench exporter: --scrapers and --rounds must be >= 1 and --seconds > 0")
     summary = run(settings_from_args(ExporterBenchSettings, args))
+    print(format_report(summary))
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+def _add_checkpoint(benchmarks) -> None:
+    from trainer.bench.checkpoint_bench import CheckpointBenchSettings
+
+    _add_bench(
+        benchmarks, "checkpoint", CheckpointBenchSettings, _run_checkpoint,
+        help="a save's stall (async) vs the synchronous save, load and resharded load, at 64-rank shares",
+        description="Local ranks each hold one rank's share of a 64-rank job (its classifier rows, ZeRO partition "
+        "and rank 0's consolidated files) and save it through the real checkpoint code, blocking and in the "
+        "background, then load it on as many ranks and on another number; one column per data set size.")
+
+
+def _run_checkpoint(args: argparse.Namespace) -> int:
+    from trainer.bench.checkpoint_bench import CheckpointBenchSettings, format_report, run
+
+    summary = run(settings_from_args(CheckpointBenchSettings, args), progress=lambda line: print(line, flush=True))
     print(format_report(summary))
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))

@@ -35,6 +35,7 @@ _NAME = re.compile(r"^step_(\d{9})$")
 MANIFEST = "manifest.json"
 TRAINER_FILE = "trainer.json"
 MODEL_FILE = "model.pt"
+OPTIMIZER_FILE = "optimizer.pt"
 _CRC_BLOCK = 8 << 20
 
 

@@ -144,6 +144,24 @@ class HostStager:
         self._stager.close()
 
 
+class HostBuffers:
+    """fp32 host copies made for a save (``FileWrite(..., owned=True)``) whose memory is kept for
+    the next save, as the stager keeps its own: a fresh ~100 MB copy page-faults all of its pages
+    each time.  Reusing them is safe because a save's files are written before the next save
+    copies anything (one save in flight).  Pinned when the source is on a GPU."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def copy(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
+        tensor = tensor.detach()
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.shape != tensor.shape:
+            buffer = torch.empty(tensor.shape, dtype=torch.float32, pin_memory=tensor.is_cuda)
+            self._buffers[key] = buffer
+        return buffer.copy_(tensor)
+
+
 def unstaged(plan: SavePlan) -> SavePlan:
     """The plan writing the live tensors themselves (a blocking save: nothing changes them meanwhile)."""
     return [RowsWrite(item.folder, item.rows, {key: checkpointable(rows.rows, rows.start, rows.total)

@@ -26,15 +26,14 @@ from pathlib import Path
 import deepspeed
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
 
-from trainer.engine.checkpoint_files import MODEL_FILE, load_model_weights, read_trainer_meta
-from trainer.engine.checkpoint_plan import FailPoint, FileWrite, SavePlan
+from trainer.engine.checkpoint_files import MODEL_FILE, OPTIMIZER_FILE, load_model_weights, read_trainer_meta
+from trainer.engine.checkpoint_plan import FailPoint, FileWrite, HostBuffers, SavePlan
 from trainer.engine.failpoints import fail_point
 from trainer.engine.optimizer_state import (full_master_weights, full_optimizer_state, load_full_optimizer_state,
                                            load_master_weights)
 from trainer.engine.safe_load import load_data, refuse_pickled_code
 from trainer.parallel import ParallelDims
 
-OPTIMIZER_FILE = "optimizer.pt"
 DEEPSPEED_FOLDER = "deepspeed"
 
 
@@ -67,6 +66,7 @@ class EngineState:
 
     def __init__(self, engine, log=print) -> None:
         self.engine, self.log = engine, log
+        self.buffers = HostBuffers()  # rank 0's consolidated copies, reused save after save
 
     def snapshot(self, path: Path, dims: ParallelDims, step: int) -> SavePlan:
         """Collective (DeepSpeed's save, and the optimizer state gathered under ZeRO): DeepSpeed's
@@ -82,13 +82,15 @@ class EngineState:
         plan: SavePlan = [*captured.files, FailPoint("checkpoint.after_engine")]
         # The fp32 masters (collective under ZeRO); the module gives buffers and the parameters
         # DeepSpeed keeps no master of (stage 0 in fp32).  Both are copies made for this save.
-        masters = full_master_weights(engine, keep=dims.rank == 0)
+        masters = full_master_weights(engine, dims.rank == 0, lambda name, v: self.buffers.copy(f"master/{name}", v))
         parameters = list(engine.module.parameters())
         with deepspeed.zero.GatheredParameters(parameters, modifier_rank=None):  # no-op below ZeRO-3
             if dims.rank == 0:
-                full = {k: v.detach().float().cpu().clone() for k, v in engine.module.state_dict().items()}
+                full = {k: self.buffers.copy(f"module/{k}", v) for k, v in engine.module.state_dict().items()
+                        if k not in masters}
                 plan.append(FileWrite(MODEL_FILE, {**full, **masters}, owned=True))
-        optimizer_state = full_optimizer_state(engine, keep=dims.rank == 0)  # collective under ZeRO
+        optimizer_state = full_optimizer_state(engine, dims.rank == 0,  # collective under ZeRO
+                                               lambda name, v: self.buffers.copy(f"optimizer/{name}", v))
         if dims.rank == 0:
             plan.append(FileWrite(OPTIMIZER_FILE, optimizer_state, owned=True))
         return plan
