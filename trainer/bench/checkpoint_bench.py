@@ -88,34 +88,45 @@ def _time_loads(settings: dict, classes: int, path: Path, dims, saved_ranks: int
     return times
 
 
+def _join_job():
+    """This process as a rank of the bench's job, set up as training sets up a rank."""
+    from trainer.parallel import init_distributed
+    from trainer.parallel.host_memory import keep_freed_host_memory
+
+    dims = init_distributed()
+    keep_freed_host_memory(dims.device)
+    return dims
+
+
 def _save_worker(settings: dict, classes: int, directory: str, out: str) -> None:
     """On each of ``ranks`` processes: synchronous saves, asynchronous ones, loads."""
     from trainer.engine.async_checkpoint import AsyncCheckpointer
-    from trainer.parallel import init_distributed
 
-    dims = init_distributed()
+    dims = _join_job()
     state, _ = bench_state(settings, classes, dims, dims.world_size)
     checkpointer = AsyncCheckpointer(directory, dims, keep_last=2, log=lambda message: None)
     found = {"sync": [], "stall": [], "background": []}
     step = 0
+
+    def save_async() -> tuple[float, float]:
+        nonlocal step
+        step += 1
+        started = time.perf_counter()
+        checkpointer.save(step, state)
+        stall = _slowest(time.perf_counter() - started, dims)
+        checkpointer.wait()
+        return stall, _slowest(checkpointer.last_result.total_s, dims)
+
     try:
-        for _ in range(settings["saves"]):
+        found["first_stall"] = save_async()[0]  # allocates the host buffers
+        for _ in range(settings["saves"]):  # alternating, so both kinds see the same state of the disk
             step += 1
             started = time.perf_counter()
             checkpointer.save(step, state, blocking=True)
             found["sync"].append(_slowest(time.perf_counter() - started, dims))
-        for attempt in range(settings["saves"] + 1):  # the first allocates the host buffers
-            step += 1
-            started = time.perf_counter()
-            checkpointer.save(step, state)
-            stall = _slowest(time.perf_counter() - started, dims)
-            checkpointer.wait()
-            background = _slowest(checkpointer.last_result.total_s, dims)
-            if attempt == 0:
-                found["first_stall"] = stall
-            else:
-                found["stall"].append(stall)
-                found["background"].append(background)
+            stall, background = save_async()
+            found["stall"].append(stall)
+            found["background"].append(background)
         found["load"] = _time_loads(settings, classes, checkpointer.last_complete, dims, dims.world_size)
     finally:
         checkpointer.close()
@@ -124,9 +135,7 @@ def _save_worker(settings: dict, classes: int, directory: str, out: str) -> None
 
 
 def _reshard_worker(settings: dict, classes: int, checkpoint: str, saved_ranks: int, out: str) -> None:
-    from trainer.parallel import init_distributed
-
-    dims = init_distributed()
+    dims = _join_job()
     times = _time_loads(settings, classes, Path(checkpoint), dims, saved_ranks)
     if dims.rank == 0:
         Path(out).write_text(json.dumps({"reshard_load": times}))
