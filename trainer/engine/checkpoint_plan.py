@@ -20,6 +20,7 @@ place once ``state_dict()`` returned them (ours are numbers and strings).
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Union
@@ -87,12 +88,15 @@ def _rebuild(value, leaf):
 
 
 def copy_to_scratch(rows: torch.Tensor, directory: Path, name: str) -> torch.Tensor:
-    """``rows`` copied, block by block, into a memory-mapped file in ``directory`` (reused by later saves)."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    """``rows`` copied, block by block, into a memory-mapped file in ``directory`` (reused by later
+    saves).  Its blocks are allocated first: a full disk is then an OSError here, not a SIGBUS
+    when a page of the mapping is written."""
+    path = Path(directory) / f"checkpoint-snapshot-{name}.bin"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab") as file:
+        os.posix_fallocate(file.fileno(), 0, rows.numel() * rows.element_size())
     numpy_dtype = torch.empty((), dtype=rows.dtype).numpy().dtype
-    array = np.memmap(directory / f"checkpoint-snapshot-{name}.bin", dtype=numpy_dtype, mode="w+",
-                      shape=tuple(rows.shape))
+    array = np.memmap(path, dtype=numpy_dtype, mode="r+", shape=tuple(rows.shape))
     copy = torch.from_numpy(array)
     for start in range(0, rows.shape[0], _SCRATCH_BLOCK_ROWS):
         copy[start : start + _SCRATCH_BLOCK_ROWS] = rows[start : start + _SCRATCH_BLOCK_ROWS]
