@@ -121,17 +121,30 @@ class CheckpointSection:
     dir: where checkpoints go (one sub-directory per save, written atomically).
     every_epochs: save at the end of every n-th epoch (0: never at epoch ends).
     every_steps: also save every n steps (0: off).
-    keep: complete checkpoints to keep (older ones are deleted after a new one is complete).
+    keep_last: complete checkpoints to keep (2): once a save is complete, all but the newest
+        ``keep_last`` are deleted, so the newest complete one never is.  A save in flight counts
+        for none until it is complete: the disk holds up to ``keep_last`` + 1.
+    keep: the former name of ``keep_last``, still read (give one of the two).
     """
 
     dir: Path = Path("checkpoints")
     every_epochs: int = 1
     every_steps: int = 0
-    keep: int = 2
+    keep_last: int = 2
+    keep: int | None = None
 
     def __post_init__(self) -> None:
-        if self.every_epochs < 0 or self.every_steps < 0 or self.keep < 1:
-            raise ConfigError("checkpoint.every_epochs/every_steps must be >= 0 and checkpoint.keep >= 1")
+        if self.every_epochs < 0 or self.every_steps < 0:
+            raise ConfigError("checkpoint.every_epochs/every_steps must be >= 0")
+        if self.keep is not None:
+            if self.keep_last not in (CheckpointSection.keep_last, self.keep):
+                raise ConfigError(f"checkpoint.keep={self.keep} and checkpoint.keep_last={self.keep_last} disagree: "
+                                  "keep is the former name of keep_last; give only keep_last")
+            object.__setattr__(self, "keep_last", self.keep)
+        if not isinstance(self.keep_last, int) or self.keep_last < 1:
+            raise ConfigError(f"checkpoint.keep_last={self.keep_last!r} is invalid: keep at least the newest complete "
+                              "checkpoint (1); 2 (the default) also keeps the one before it, in case the newest is "
+                              "damaged")
 
 
 @dataclass(frozen=True)

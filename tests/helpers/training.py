@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from trainer.drills.jobs import REPO, train_command
+from trainer.engine.row_checkpoint import read_full_rows, read_metadata
 
 __all__ = ["REPO", "train_command", "FAST", "run_train", "latest_checkpoint", "classifier_rows", "step_losses",
            "eval_knn"]
@@ -37,19 +38,16 @@ def latest_checkpoint(run_dir: Path) -> Path:
 def classifier_rows(checkpoint: Path) -> dict[str, torch.Tensor]:
     """Full weight / momentum / hard-negative tables of a checkpoint, put together from the row
     ranges its ranks saved (each row must be saved exactly once, every row by some rank)."""
-    files = sorted((checkpoint / "components" / "objective").glob("rank-*.pt"))
-    states = [torch.load(f, weights_only=True) for f in files]
-    tables = {}
-    for key in ("weight", "momentum", "hard_negatives", "rows"):
-        if not isinstance(states[0].get(key), dict):  # absent, or not row-sharded (e.g. swav's momentum)
-            continue
-        pieces = sorted((s[key] for s in states if s[key]["rows"] is not None), key=lambda piece: piece["start"])
-        if not pieces:  # the state does not exist yet (e.g. no hard-negative search ran)
-            continue
-        assert pieces[0]["start"] == 0 and pieces[-1]["end"] == pieces[0]["total"], f"{key}: rows missing"
-        for before, after in zip(pieces, pieces[1:]):
-            assert before["end"] == after["start"], f"{key}: rows saved twice or not at all"
-        tables[key] = torch.cat([piece["rows"] for piece in pieces])
+    folder = checkpoint / "components" / "objective" / "rows"
+    if not folder.is_dir():
+        return {}
+    for key, entry in read_metadata(folder).state_dict_metadata.items():
+        chunks = sorted((c.offsets[0], c.offsets[0] + c.sizes[0]) for c in entry.chunks)
+        assert chunks[0][0] == 0 and chunks[-1][1] == entry.size[0], f"{key}: rows missing"
+        for before, after in zip(chunks, chunks[1:]):
+            assert before[1] == after[0], f"{key}: rows saved twice or not at all"
+    tables = {key: rows for key, rows in read_full_rows(folder).items()
+              if key in ("weight", "momentum", "hard_negatives", "rows")}
     if "rows" in tables:  # pic keeps W and momentum side by side, [N, 2, D]
         rows = tables.pop("rows")
         tables["weight"], tables["momentum"] = rows[:, 0], rows[:, 1]

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.helpers.training import FAST, REPO
+from trainer.engine.row_checkpoint import read_full_rows
 from trainer.objectives import (
     LossOut, Objective, ObjectiveConfig, ShardedRows, average_gradients, register_objective,
 )
@@ -97,6 +98,8 @@ def _train(run_dir: str, shards: dict, overrides: list[str], resume: str) -> Non
 def _checkpoint_state(run_dir):
     checkpoint = sorted((run_dir / "checkpoints").glob("step_*[0-9]"))[-1]
     objective = torch.load(checkpoint / "components" / "objective" / "rank-00000.pt", weights_only=True)
+    for key, rows in read_full_rows(checkpoint / "components" / "objective" / "rows").items():
+        objective[key]["rows"] = rows  # the row-sharded state, whole
     model = torch.load(checkpoint / "model.pt", weights_only=True)
     return checkpoint, objective, model
 

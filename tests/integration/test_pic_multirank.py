@@ -24,6 +24,7 @@ from data_pipeline.sampler import StepIndices
 from data_pipeline.view_layout import ViewLayout
 from trainer.classifier.module import gaussian_rows
 from trainer.engine.checkpoint import load_component, save_component
+from trainer.engine.row_checkpoint import read_full_rows
 from trainer.engine.schedule import LRSchedule, set_lr
 from trainer.objectives import ObjectiveContext, OptimSettings, PicConfig, StepViews, View, build_objective
 from trainer.parallel import init_distributed
@@ -212,9 +213,7 @@ def _long_phase(folder: str, first: int, end: int):
 
 
 def _saved_rows(folder: Path, key: str) -> torch.Tensor:
-    pieces = [torch.load(f, weights_only=True)[key] for f in sorted((folder / "components" / "objective").glob("*.pt"))]
-    pieces = sorted((p for p in pieces if p["rows"] is not None), key=lambda p: p["start"])
-    return torch.cat([p["rows"] for p in pieces])
+    return read_full_rows(folder / "components" / "objective" / "rows")[key]
 
 
 def test_lazy_correction_equals_dense_sgd_across_resume_and_reshards(tmp_path):

@@ -10,13 +10,18 @@ import torch
 
 from tests.helpers.training import FAST, eval_knn, latest_checkpoint, run_train, step_losses
 from tests.integration.test_training import assert_same_training_state
+from trainer.engine.row_checkpoint import read_full_rows
 from trainer.observability.report import RunLogs
 
 SWAV = "swav_demo_cpu.yaml"
 
 
 def _objective_state(checkpoint, rank):
-    return torch.load(checkpoint / "components" / "objective" / f"rank-{rank:05d}.pt", weights_only=True)
+    """Rank ``rank``'s objective state, with its rows of the queue."""
+    state = torch.load(checkpoint / "components" / "objective" / f"rank-{rank:05d}.pt", weights_only=True)
+    queue = read_full_rows(checkpoint / "components" / "objective" / "rows")["queue"]
+    state["queue"]["rows"] = queue[state["queue"]["start"]:state["queue"]["end"]]
+    return state
 
 
 def test_swav_resumes_mid_run_with_a_full_queue_bit_identically_under_zero3(digits_split, tmp_path, capsys):

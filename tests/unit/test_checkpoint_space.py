@@ -34,13 +34,32 @@ def test_a_save_that_cannot_fit_is_refused_before_anything_is_written(tmp_path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000000002"]
 
 
-class _SavesTooMuch:
-    """Writes a 4 MiB tensor, the way DeepSpeed writes its files, under a 1 MiB file-size limit:
-    torch.save's zip writer fails as it does on a full disk."""
+class _ZipWriter:
+    """A DeepSpeed checkpoint engine writing with torch.save's zip writer."""
+
+    def save(self, state_dict, path):
+        torch.save(state_dict, path)
+
+    def makedirs(self, path, exist_ok=False):
+        Path(path).mkdir(parents=True, exist_ok=exist_ok)
+
+
+class _FakeEngine:
+    """What a checkpoint touches of a DeepSpeed engine: its module, optimizer and checkpoint engine."""
+
+    def __init__(self):
+        self.module = torch.nn.Linear(2, 1)
+        self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.1)
+        self.checkpoint_engine = _ZipWriter()
+
+
+class _SavesTooMuch(_FakeEngine):
+    """Has a 4 MiB tensor written, the way DeepSpeed has its files written, under a 1 MiB file-size
+    limit: torch.save's zip writer fails (in the background writer) as it does on a full disk."""
 
     def save_checkpoint(self, save_dir, **kwargs):
-        Path(save_dir).mkdir(parents=True)
-        torch.save(torch.zeros(1 << 20), Path(save_dir) / "state.pt")
+        self.checkpoint_engine.makedirs(save_dir, exist_ok=True)
+        self.checkpoint_engine.save(state_dict=torch.zeros(1 << 20), path=str(Path(save_dir) / "state.pt"))
 
 
 @pytest.fixture
@@ -61,7 +80,7 @@ def test_a_failed_write_removes_the_partial_directory_and_names_the_checkpoint(t
     assert list(tmp_path.iterdir()) == []
 
 
-class _PeerDies:
+class _PeerDies(_FakeEngine):
     def save_checkpoint(self, *args, **kwargs):
         raise RuntimeError("[gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:26550: Connection reset by peer")
 
@@ -75,7 +94,7 @@ def test_a_rank_lost_mid_save_is_not_reported_as_a_write_failure(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["step_000000004.tmp"]  # removed by the next save
 
 
-class _HasABug:
+class _HasABug(_FakeEngine):
     def save_checkpoint(self, *args, **kwargs):
         raise RuntimeError("shape mismatch")
 

@@ -8,6 +8,7 @@ from typing import Literal
 
 import pytest
 
+from trainer.bench.checkpoint_bench import CheckpointBenchSettings
 from trainer.bench.classifier_bench import ClassifierBenchSettings
 from trainer.bench.data_bench import DataBenchSettings
 from trainer.bench.ddp_vs_dhp import SweepSettings
@@ -96,7 +97,7 @@ def test_a_field_without_help_is_refused_naming_it():
 
 
 @pytest.mark.parametrize("settings_class", [ClassifierBenchSettings, DataBenchSettings, SweepSettings,
-                                            ExporterBenchSettings, PicBenchSettings])
+                                            ExporterBenchSettings, PicBenchSettings, CheckpointBenchSettings])
 def test_every_bench_setting_is_documented(settings_class):
     assert parse(settings_class, [])[0] is not None
 
@@ -110,6 +111,8 @@ def test_every_bench_setting_is_documented(settings_class):
     ("bench ddp-vs-dhp --logits-cache-gib 0.5 --backbone resnet18 --update-in-backward",
      SweepSettings(logits_cache_bytes=2**29, backbone="resnet18", update_in_backward=True)),
     ("bench exporter --arch resnet50 --seconds 2", ExporterBenchSettings(arch="resnet50", seconds=2.0)),
+    ("bench checkpoint --datasets 6400 --job-ranks 32 --directory /c",
+     CheckpointBenchSettings(datasets=("6400",), job_ranks=32, directory=Path("/c"))),
 ])
 def test_each_bench_command_builds_its_settings(argv, settings, monkeypatch):
     built = []

@@ -12,7 +12,8 @@ memory at all:
   The page cache keeps what the steps use hot and the rank's anonymous memory does not grow with
   N.  Before a read the pages of the rows are advised (``MADV_WILLNEED``) so the kernel fetches
   them in parallel rather than one page fault at a time.  Use a local SSD (a k8s ``emptyDir``),
-  not network storage.
+  not network storage.  An asynchronous checkpoint snapshots the rows into a file of the same
+  size beside them (``checkpoint-snapshot-rows.bin``), so the directory needs twice the store.
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ BLOCK_ROWS = 1 << 16  # rows per block of a full pass (init, materialise, load):
 
 class RowStore:
     def __init__(self, rows: torch.Tensor, last_step: torch.Tensor, compute_device: torch.device, kind: str,
-                 mapped: list[np.memmap] | None = None) -> None:
+                 mapped: list[np.memmap] | None = None, directory: Path | None = None) -> None:
         self.rows, self.last_step = rows, last_step  # [N, 2, D] (W, U); [N] int32 on the CPU
         self.weight, self.momentum = rows[:, 0], rows[:, 1]  # views
         self.compute_device, self.kind = compute_device, kind
         self._mapped = mapped or []
+        self.directory = directory  # a disk store's (local) directory
         self._pin = kind != "device" and compute_device.type == "cuda"
 
     @property
@@ -120,4 +122,4 @@ def make_row_store(kind: str, num_rows: int, dim: int, dtype: torch.dtype, compu
     numpy_dtype = torch.empty((), dtype=dtype).numpy().dtype
     mapped = [np.memmap(directory / "rows.bin", dtype=numpy_dtype, mode="w+", shape=shape),
               np.memmap(directory / "last_step.bin", dtype=np.int32, mode="w+", shape=(num_rows,))]
-    return RowStore(torch.from_numpy(mapped[0]), torch.from_numpy(mapped[1]), compute_device, kind, mapped)
+    return RowStore(torch.from_numpy(mapped[0]), torch.from_numpy(mapped[1]), compute_device, kind, mapped, directory)

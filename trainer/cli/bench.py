@@ -23,6 +23,7 @@ def register(commands) -> None:
     _add_exporter(benchmarks)
     _add_scale(benchmarks)
     _add_ingest(benchmarks)
+    _add_checkpoint(benchmarks)
 
 
 def _add_bench(benchmarks, name: str, settings_class: type, handler, help: str, description: str | None = None,
@@ -180,6 +181,27 @@ def _run_ingest(args: argparse.Namespace) -> int:
     from trainer.bench.ingest_bench import IngestBenchSettings, format_report, run
 
     summary = run(settings_from_args(IngestBenchSettings, args))
+    print(format_report(summary))
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+def _add_checkpoint(benchmarks) -> None:
+    from trainer.bench.checkpoint_bench import CheckpointBenchSettings
+
+    _add_bench(
+        benchmarks, "checkpoint", CheckpointBenchSettings, _run_checkpoint,
+        help="a save's stall (async) vs the synchronous save, load and resharded load, at 64-rank shares",
+        description="Local ranks each hold one rank's share of a 64-rank job (its classifier rows, ZeRO partition "
+        "and rank 0's consolidated files) and save it through the real checkpoint code, blocking and in the "
+        "background, then load it on as many ranks and on another number; one column per data set size.")
+
+
+def _run_checkpoint(args: argparse.Namespace) -> int:
+    from trainer.bench.checkpoint_bench import CheckpointBenchSettings, format_report, run
+
+    summary = run(settings_from_args(CheckpointBenchSettings, args), progress=lambda line: print(line, flush=True))
     print(format_report(summary))
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))

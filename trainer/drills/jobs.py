@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from trainer.engine.row_checkpoint import ROWS_FOLDER, read_full_rows
 from trainer.observability.report import RunLogs
 from trainer.parallel.launch import free_port
 
@@ -77,7 +78,8 @@ class Job:
 
 def checkpoint_tensors(checkpoint: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a checkpoint that training state lives in (``model.pt``, the backbone
-    optimizer's ``optimizer.pt`` and each component's rank files), flattened to ``file:key.path`` names."""
+    optimizer's ``optimizer.pt``, each component's rank files and rows), flattened to
+    ``file.key.path`` names."""
     found: dict[str, torch.Tensor] = {}
 
     def walk(prefix: str, value) -> None:
@@ -91,6 +93,8 @@ def checkpoint_tensors(checkpoint: Path) -> dict[str, torch.Tensor]:
     files = [checkpoint / "model.pt", *optimizer, *sorted((checkpoint / "components").rglob("rank-*.pt"))]
     for file in files:
         walk(str(file.relative_to(checkpoint)), torch.load(file, map_location="cpu", weights_only=True))
+    for rows in sorted((checkpoint / "components").glob(f"*/{ROWS_FOLDER}")):  # the row-sharded state, whole
+        walk(str(rows.relative_to(checkpoint)), read_full_rows(rows))
     return found
 
 

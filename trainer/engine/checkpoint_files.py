@@ -8,8 +8,11 @@ when every rank has finished, so a directory without ``.tmp`` is always complete
     deepspeed/                      DeepSpeed engine state (saved by all ranks)
     model.pt                        consolidated fp32 backbone + head (for eval and resharding)
     optimizer.pt                    the backbone optimizer's state by parameter name, whole (resharding)
-    components/NAME/rank-XXXXX.pt   each component's own state (objective, sampler, ...)
+    components/NAME/rank-XXXXX.pt   each component's own state (objective, sampler, ...) but its rows
+    components/NAME/rows/           its row-sharded tensors: a DCP checkpoint (``row_checkpoint``)
     rng/rank-XXXXX.pt               python / numpy / torch RNG states of each rank
+
+Each rank computes the CRC-32 of the files it wrote; rank 0 puts them together into the manifest.
 
 ``--resume auto`` takes the newest complete checkpoint whose files match its manifest; a damaged
 one (a truncated or altered file, a file gone) is reported by file and the previous one is used.
@@ -32,6 +35,7 @@ _NAME = re.compile(r"^step_(\d{9})$")
 MANIFEST = "manifest.json"
 TRAINER_FILE = "trainer.json"
 MODEL_FILE = "model.pt"
+OPTIMIZER_FILE = "optimizer.pt"
 _CRC_BLOCK = 8 << 20
 
 
@@ -60,12 +64,23 @@ def _crc32(path: Path) -> str:
     return f"{crc:08x}"
 
 
-def write_manifest(path: Path) -> None:
-    """``manifest.json``: bytes and CRC-32 of every file of the checkpoint (rank 0, once all ranks wrote)."""
+def file_checksums(path: Path, files) -> dict[str, dict]:
+    """``{name: {bytes, crc32}}`` of ``files`` (relative to the checkpoint ``path``): each rank
+    computes those of the files it wrote."""
     path = Path(path)
-    files = sorted(f for f in path.rglob("*") if f.is_file() and f.name not in (MANIFEST, TRAINER_FILE))
-    entries = {str(f.relative_to(path)): {"bytes": f.stat().st_size, "crc32": _crc32(f)} for f in files}
-    (path / MANIFEST).write_text(json.dumps(entries, indent=0))
+    return {str(name): {"bytes": (path / name).stat().st_size, "crc32": _crc32(path / name)} for name in files}
+
+
+def write_manifest(path: Path, entries: dict[str, dict] | None = None) -> None:
+    """``manifest.json``: bytes and CRC-32 of every file of the checkpoint but itself and
+    trainer.json.  ``entries``: what the ranks computed for their own files; files no rank named
+    (DeepSpeed's recovery scripts) are checksummed here.  None: every file is checksummed here."""
+    path = Path(path)
+    entries = dict(entries or {})
+    files = sorted(str(f.relative_to(path)) for f in path.rglob("*")
+                   if f.is_file() and f.name not in (MANIFEST, TRAINER_FILE))
+    entries.update(file_checksums(path, [name for name in files if name not in entries]))
+    (path / MANIFEST).write_text(json.dumps(dict(sorted(entries.items())), indent=0))
 
 
 def checkpoint_damage(path: Path) -> str | None:

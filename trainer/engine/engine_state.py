@@ -1,12 +1,22 @@
 """The DeepSpeed engine (backbone + head and its optimizer) as a checkpoint entry.
 
 DeepSpeed writes its own files (``deepspeed/``, every rank), so the engine is a
-``DirectoryState``; next to them rank 0 writes ``model.pt`` (the consolidated fp32 weights: DeepSpeed's
-fp32 master copy where it keeps one, never the bf16 module copy) and
-``optimizer.pt`` (the optimizer's state by parameter name, whole).  With the same world size the
-DeepSpeed state restores the backbone exactly; with another, the weights come from ``model.pt``
-and the optimizer state (SGD's momentum) from ``optimizer.pt``, put into the new ZeRO
+``DirectoryState``.  Its snapshot runs DeepSpeed's save with a stand-in checkpoint engine that
+keeps each file's state instead of writing it; the writer thread writes them later, from host
+copies, through DeepSpeed's own checkpoint engine.  Next to them rank 0 writes ``model.pt`` (the
+consolidated fp32 weights: DeepSpeed's fp32 master copy where it keeps one, never the bf16 module
+copy) and ``optimizer.pt`` (the optimizer's state by parameter name, whole).  With the same world
+size the DeepSpeed state restores the backbone exactly; with another, the weights come from
+``model.pt`` and the optimizer state (SGD's momentum) from ``optimizer.pt``, put into the new ZeRO
 partitioning by DeepSpeed's accessors (``trainer.engine.optimizer_state``).
+
+Why this state does not go through ``torch.distributed.checkpoint`` as the classifier rows do:
+only DeepSpeed's ``load_checkpoint`` restores its engine exactly (partitions, counters, its bf16
+optimizer), and only from its own files; a change of world size is already served by the
+consolidated files and DeepSpeed's public accessors.  Saving ZeRO's partitions as DCP chunks
+would need DeepSpeed's private fragment maps (``_hp_mapping``; ZeRO-3's padded ``ds_tensor``
+partitions), stage by stage.  The price kept: gathering ``model.pt`` and ``optimizer.pt`` on rank 0
+is part of the step's stall (for ResNet-50, ~100 MB per fp32 copy).
 """
 
 from __future__ import annotations
@@ -14,17 +24,41 @@ from __future__ import annotations
 from pathlib import Path
 
 import deepspeed
-import torch
+from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
 
-from trainer.engine.checkpoint_files import MODEL_FILE, load_model_weights, read_trainer_meta
+from trainer.engine.checkpoint_files import MODEL_FILE, OPTIMIZER_FILE, load_model_weights, read_trainer_meta
+from trainer.engine.checkpoint_plan import FailPoint, FileWrite, HostBuffers, SavePlan
 from trainer.engine.failpoints import fail_point
 from trainer.engine.optimizer_state import (full_master_weights, full_optimizer_state, load_full_optimizer_state,
                                            load_master_weights)
 from trainer.engine.safe_load import load_data, refuse_pickled_code
 from trainer.parallel import ParallelDims
 
-OPTIMIZER_FILE = "optimizer.pt"
 DEEPSPEED_FOLDER = "deepspeed"
+
+
+class _CapturedFiles(CheckpointEngine):
+    """Stands in for the engine's checkpoint engine while DeepSpeed saves: each file DeepSpeed would
+    write becomes a ``FileWrite`` (written later, by the real checkpoint engine, from a snapshot)."""
+
+    def __init__(self, real: CheckpointEngine, root: Path) -> None:
+        super().__init__()
+        self.real, self.root, self.files = real, Path(root), []
+
+    def create(self, info) -> None:
+        pass
+
+    def save(self, state_dict, path: str) -> None:
+        self.files.append(FileWrite(str(Path(path).relative_to(self.root)), state_dict, save=self.real.save))
+
+    def makedirs(self, path, exist_ok=False) -> None:
+        self.real.makedirs(path, exist_ok=exist_ok)
+
+    def load(self, path: str, map_location=None):
+        return self.real.load(path, map_location)
+
+    def commit(self, info) -> bool:
+        return True
 
 
 class EngineState:
@@ -32,24 +66,34 @@ class EngineState:
 
     def __init__(self, engine, log=print) -> None:
         self.engine, self.log = engine, log
+        self.buffers = HostBuffers()  # rank 0's consolidated copies, reused save after save
 
-    def save_to(self, path: Path, dims: ParallelDims, step: int) -> None:
-        """Collective (DeepSpeed's save, and the optimizer state gathered under ZeRO)."""
+    def snapshot(self, path: Path, dims: ParallelDims, step: int) -> SavePlan:
+        """Collective (DeepSpeed's save, and the optimizer state gathered under ZeRO): DeepSpeed's
+        files as it would write them, then (rank 0) ``model.pt`` and ``optimizer.pt``."""
         engine, path = self.engine, Path(path)
         fail_point("checkpoint.before_engine", step)
-        engine.save_checkpoint(str(path / DEEPSPEED_FOLDER), tag="state", save_latest=False)
-        fail_point("checkpoint.after_engine", step)
+        real = engine.checkpoint_engine
+        engine.checkpoint_engine = captured = _CapturedFiles(real, path)
+        try:
+            engine.save_checkpoint(str(path / DEEPSPEED_FOLDER), tag="state", save_latest=False)
+        finally:
+            engine.checkpoint_engine = real
+        plan: SavePlan = [*captured.files, FailPoint("checkpoint.after_engine")]
         # The fp32 masters (collective under ZeRO); the module gives buffers and the parameters
-        # DeepSpeed keeps no master of (stage 0 in fp32).
-        masters = full_master_weights(engine, keep=dims.rank == 0)
+        # DeepSpeed keeps no master of (stage 0 in fp32).  Both are copies made for this save.
+        masters = full_master_weights(engine, dims.rank == 0, lambda name, v: self.buffers.copy(f"master/{name}", v))
         parameters = list(engine.module.parameters())
         with deepspeed.zero.GatheredParameters(parameters, modifier_rank=None):  # no-op below ZeRO-3
             if dims.rank == 0:
-                full = {k: v.detach().float().cpu().clone() for k, v in engine.module.state_dict().items()}
-                torch.save({**full, **masters}, path / MODEL_FILE)
-        optimizer_state = full_optimizer_state(engine, keep=dims.rank == 0)  # collective under ZeRO
+                full = {k: self.buffers.copy(f"module/{k}", v) for k, v in engine.module.state_dict().items()
+                        if k not in masters}
+                plan.append(FileWrite(MODEL_FILE, {**full, **masters}, owned=True))
+        optimizer_state = full_optimizer_state(engine, dims.rank == 0,  # collective under ZeRO
+                                               lambda name, v: self.buffers.copy(f"optimizer/{name}", v))
         if dims.rank == 0:
-            torch.save(optimizer_state, path / OPTIMIZER_FILE)
+            plan.append(FileWrite(OPTIMIZER_FILE, optimizer_state, owned=True))
+        return plan
 
     def load_from(self, path: Path, dims: ParallelDims) -> None:
         load_engine(path, self.engine, dims, self.log)

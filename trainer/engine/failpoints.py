@@ -7,9 +7,11 @@ there, without cleanup, on the job's first attempt only: torchrun's elastic rest
 run recovers.  Unset (every real job), a fail point is one comparison.
 
 Points: ``train.after_backward`` (gradients exist, nothing stepped), and in a checkpoint save
-``checkpoint.before_engine``, ``checkpoint.after_engine`` (DeepSpeed files written, the rest not),
+``checkpoint.before_engine`` (in the snapshot, on the training thread, before any file), then in
+the background writer ``checkpoint.after_engine`` (DeepSpeed files written, the rest not),
 ``checkpoint.after_components``, ``checkpoint.before_rename`` (manifest written, still ``.tmp``),
-``checkpoint.after_rename`` (complete, older ones not yet pruned).
+``checkpoint.after_rename`` (complete, older ones not yet pruned).  A kill from the writer thread
+kills the whole rank, as a node loss would, while training may be running on.
 
 One point corrupts instead of killing: ``train.nan_features`` (``armed``) makes the rank's
 features of that step NaN, as a bad batch or an overflow in the backbone would.  One waits:

@@ -47,10 +47,15 @@ def _keys_present(engine) -> list[str]:
     return [key for key in STATE_KEYS if key in present]
 
 
-def full_optimizer_state(engine, keep: bool = True) -> dict[str, dict[str, torch.Tensor]]:
+def _host_copy(name: str, value: torch.Tensor) -> torch.Tensor:
+    return value.detach().to("cpu", torch.float32, copy=True)
+
+
+def full_optimizer_state(engine, keep: bool = True, host_copy=_host_copy) -> dict[str, dict[str, torch.Tensor]]:
     """``{parameter name: {key: full fp32 state on the CPU}}``.  Collective under ZeRO: every rank
     calls it (each parameter's partitions are gathered in turn); ranks with ``keep`` False take
-    part without copying the state to the CPU and get ``{}``."""
+    part without copying the state to the CPU and get ``{}``.  ``host_copy(name, value)`` makes
+    each CPU copy (a fresh one by default)."""
     keys = _keys_present(engine)
     base = _base_optimizer(engine)
     state: dict[str, dict[str, torch.Tensor]] = {}
@@ -61,11 +66,11 @@ def full_optimizer_state(engine, keep: bool = True) -> dict[str, dict[str, torch
             else:
                 value = base.state.get(parameter, {}).get(key)
             if value is not None and keep:
-                state.setdefault(name, {})[key] = value.detach().float().cpu().clone()
+                state.setdefault(name, {})[key] = host_copy(f"{name}/{key}", value)
     return state
 
 
-def full_master_weights(engine, keep: bool = True) -> dict[str, torch.Tensor]:
+def full_master_weights(engine, keep: bool = True, host_copy=_host_copy) -> dict[str, torch.Tensor]:
     """``{parameter name: full fp32 master weight on the CPU}`` of every parameter DeepSpeed owns.
 
     Under a bf16 config the module holds bf16 copies, rounded from these at every step: a
@@ -76,7 +81,7 @@ def full_master_weights(engine, keep: bool = True) -> dict[str, torch.Tensor]:
         if _partitioned(parameter):
             value = safe_get_full_fp32_param(parameter)
             if keep:
-                weights[name] = value.detach().float().cpu().clone()
+                weights[name] = host_copy(name, value)
     return weights
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from trainer.engine.checkpoint_files import rank_file, read_trainer_meta
+from trainer.engine.checkpoint_plan import FileWrite, SavePlan
 from trainer.engine.safe_load import load_data
 from trainer.parallel import ParallelDims
 
@@ -63,10 +64,8 @@ class RngState:
     def __init__(self, seed: int, position) -> None:
         self.seed, self.position = seed, position
 
-    def save_to(self, path: Path, dims: ParallelDims, step: int) -> None:
-        folder = Path(path) / RNG_FOLDER
-        folder.mkdir(parents=True, exist_ok=True)  # every rank: no barrier needed before its own file
-        torch.save(rng_states(), folder / rank_file(dims.rank))
+    def snapshot(self, path: Path, dims: ParallelDims, step: int) -> SavePlan:
+        return [FileWrite(f"{RNG_FOLDER}/{rank_file(dims.rank)}", rng_states(), owned=True)]  # fresh copies
 
     def load_from(self, path: Path, dims: ParallelDims) -> None:
         """This rank's RNG states when the world size is unchanged, else a fresh seed for (step, rank)."""

@@ -28,6 +28,10 @@ class CheckpointInterrupted(RuntimeError):
     """Another rank failed while this one was saving; the previous complete checkpoint is untouched."""
 
 
+class PeerSaveFailed(RuntimeError):
+    """A collective step of a save (DCP's, the commit's) failed because of another rank's failure."""
+
+
 def _bytes_in(path: Path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
@@ -51,16 +55,18 @@ class SpacePlan:
     def _advice(self) -> str:
         kept = f"The previous checkpoint {self.previous} is complete and untouched" if self.previous else \
             "There is no earlier complete checkpoint"
-        return (f"{kept}. Free space on {self.directory}'s filesystem, lower checkpoint.keep or point checkpoint.dir "
-                "at a bigger volume, then resume with --resume auto.")
+        return (f"{kept}. Free space on {self.directory}'s filesystem, lower checkpoint.keep_last or point "
+                "checkpoint.dir at a bigger volume, then resume with --resume auto.")
 
     @contextmanager
-    def reporting_failures(self, tmp: Path, rank: int):
+    def reporting_failures(self, tmp: Path, rank: int, remove_partial: bool = True):
         """Turn a failed write into one clear error; the original text is kept.  ``torch.save``
         reports a full disk as a RuntimeError from its zip writer, so that one is a write failure
         too.  A collective that fails because another rank died (gloo: "Connection reset by peer")
         is not about space: it says so and leaves the partial directory to the next save.  Any
-        other RuntimeError is a bug and propagates unchanged."""
+        other RuntimeError is a bug and propagates unchanged.  ``remove_partial`` False: rank 0
+        leaves the partial directory to the caller (the background writer removes it once every
+        rank has stopped writing into it)."""
         try:
             yield
         except (OSError, RuntimeError) as error:
@@ -72,7 +78,7 @@ class SpacePlan:
                 ) from None
             if not isinstance(error, OSError) and not _from_torch_save_writer(error):
                 raise
-            if rank == 0:
+            if rank == 0 and remove_partial:
                 shutil.rmtree(tmp, ignore_errors=True)  # give the space back; the run stops here
             needed = f"about {self.expected_bytes:,} bytes" if self.expected_bytes else "an unknown number of bytes"
             raise CheckpointWriteError(
@@ -87,7 +93,8 @@ def _from_torch_save_writer(error: RuntimeError) -> bool:
 
 def _another_rank_failed(error: Exception) -> bool:
     # NCCL raises DistError subclasses; gloo raises a plain RuntimeError naming the lost peer.
-    return isinstance(error, dist.DistError) or (isinstance(error, RuntimeError) and "by peer" in str(error))
+    return isinstance(error, (dist.DistError, PeerSaveFailed)) or (
+        isinstance(error, RuntimeError) and "by peer" in str(error))
 
 
 def check_space(directory: Path, final: Path, previous: Path | None, dims: ParallelDims) -> SpacePlan:

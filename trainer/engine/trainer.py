@@ -25,8 +25,9 @@ import torch
 from data_pipeline.loader import build_loader
 from data_pipeline.manifest import ShardManifest
 from trainer.config import JobConfig
-from trainer.engine.checkpoint import FieldsState, load_checkpoint, save_checkpoint
-from trainer.engine.checkpoint_files import checkpoint_name, resolve_resume_on_rank0
+from trainer.engine.async_checkpoint import AsyncCheckpointer
+from trainer.engine.checkpoint import FieldsState, load_checkpoint
+from trainer.engine.checkpoint_files import resolve_resume_on_rank0
 from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, load_deepspeed_config
 from trainer.engine.engine_state import EngineState
 from trainer.engine.failpoints import armed, fail_point, wait_point
@@ -122,9 +123,10 @@ class Trainer:
             "sampler": self.train_loader.sampler,
             "rng": RngState(config.seed, self.state),
         }
-        self.last_checkpoint = resolve_resume_on_rank0(resume, config.checkpoint.dir, dims, self._say)
-        if self.last_checkpoint is not None:
-            self._restore(self.last_checkpoint)
+        if (resumed := resolve_resume_on_rank0(resume, config.checkpoint.dir, dims, self._say)) is not None:
+            self._restore(resumed)
+        self.checkpointer = AsyncCheckpointer(config.checkpoint.dir, dims, config.checkpoint.keep_last, self._say,
+                                              last_complete=resumed)
 
         self.metrics.shard_bytes.set(sum(p.numel() * p.element_size() for p in objective_parameters(self.objective)))
         self.metrics.steps_per_epoch.set(self.steps_per_epoch)
@@ -141,20 +143,17 @@ class Trainer:
         load_checkpoint(path, self.checkpoint_state, self.dims)
         self._say(f"resumed from {path} at epoch {self.state.epoch} step {self.state.global_step}")
 
-    def _save(self) -> Path:
-        if self.last_checkpoint is not None and self.last_checkpoint.name == checkpoint_name(self.state.global_step) \
-                and self.last_checkpoint.parent == Path(self.config.checkpoint.dir):
-            return self.last_checkpoint  # this step is already saved
+    def _save(self, wait: bool = False) -> Path | None:
+        """Checkpoint this step: the step waits for a snapshot and the files are written in the
+        background; ``wait`` (the last save, a preemption's): complete before returning (its path)."""
+        if self.checkpointer.holds(self.state.global_step):  # saved, or being saved
+            return self.checkpointer.wait() if wait else None
         # ZeRO-3 keeps each rank's partition in ds_tensor; the check covers every rank's own part.
         local_parameters = [getattr(p, "ds_tensor", p) for p in self.engine.module.parameters()]
         self.nonfinite.observe_parameters([*objective_parameters(self.objective), *local_parameters])
-        self.nonfinite.check(self.dims.control_group, self.state.global_step, str(self.last_checkpoint or ""))
-        started = time.perf_counter()
-        self.last_checkpoint = save_checkpoint(self.config.checkpoint.dir, self.state.global_step,
-                                               self.checkpoint_state, self.dims, self.config.checkpoint.keep)
-        # what a SIGTERM grace period must cover, besides finishing the step under way
-        self._say(f"saved {self.last_checkpoint} in {time.perf_counter() - started:.1f} s")
-        return self.last_checkpoint
+        step, last = self.state.global_step, self.checkpointer.last_complete
+        self.nonfinite.check(self.dims.control_group, step, str(last or ""))
+        self.checkpointer.save(step, self.checkpoint_state, blocking=wait)  # after the one in flight
 
     def _encode(self, images: torch.Tensor) -> torch.Tensor:
         return self.engine(images.to(self.dtype))
@@ -179,9 +178,10 @@ class Trainer:
                 if stopped_by != "finished":
                     break
             else:
-                self._save()
+                self._save(wait=True)
             self.stop_signal.settle()  # not on an error: a rank that failed may never join it
         finally:
+            self.checkpointer.close()  # the save in flight finishes (on an error too: it is a good one)
             self.stop_signal.restore()
         scores = None
         if stopped_by == "finished":
@@ -189,7 +189,7 @@ class Trainer:
             if config.eval.knn_at_end:
                 scores = self.evaluate(final=True)
         self.log.close()
-        return TrainResult(state=state, stopped_by=stopped_by, last_checkpoint=self.last_checkpoint, scores=scores)
+        return TrainResult(state, stopped_by, self.checkpointer.last_complete, scores)
 
     def _train_epoch(self) -> str:
         config, state, dims = self.config, self.state, self.dims
@@ -204,7 +204,7 @@ class Trainer:
         # The loader starts at the first step not yet done: nothing before it is read or decoded.
         for batch in self.train_loader.epoch_batches(epoch, state.step_in_epoch):
             if config.max_steps is not None and state.global_step >= config.max_steps:
-                self._save()
+                self._save(wait=True)
                 bar.close()
                 return "max_steps"
             data_wait = time.perf_counter() - wait_start
@@ -221,9 +221,10 @@ class Trainer:
             self.record.step_done(batch.instance_ids.shape[0], data_wait, time.perf_counter() - step_start,
                                   state.step_in_epoch / self.steps_per_epoch)
             bar.update(1)
+            self.checkpointer.poll()  # logs a background save that finished
             if log_step:
                 window = self.record.close_window()  # the throughput, before the syncs below
-                self.nonfinite.check(dims.control_group, state.global_step, str(self.last_checkpoint or ""))
+                self.nonfinite.check(dims.control_group, state.global_step, str(self.checkpointer.last_complete or ""))
                 self.record.log_step(epoch, state.step_in_epoch, state.global_step, loss,
                                      self.schedule.lr_at(state.global_step - 1), self.objective, window)
             every = config.checkpoint.every_steps
@@ -231,7 +232,7 @@ class Trainer:
                 self._save()
             if stop_agreed if stop_agreed is not None else self.stop_signal.stop_after_step():
                 self._say(f"SIGTERM: saving at step {state.global_step} and exiting")
-                self._save()
+                self._save(wait=True)  # after the save in flight, if any
                 bar.close()
                 return "sigterm"
             wait_start = time.perf_counter()
@@ -275,7 +276,7 @@ class Trainer:
         if self.skip_nonfinite:
             stop_agreed, nonfinite = self.stop_signal.agree(loss)
             if nonfinite:
-                self.skipper.skip(buffers, self.state.global_step + 1, self.last_checkpoint)
+                self.skipper.skip(buffers, self.state.global_step + 1, self.checkpointer.last_complete)
                 return loss.detach(), stop_agreed
             self.skipper.kept()
         self.engine.backward(loss)

@@ -261,8 +261,9 @@ class PicObjective(Objective):
 
     def _rows(self, tensor: torch.Tensor) -> ShardedRows:
         dims = self.context.dims
+        # A disk store's rows may not fit in memory: an asynchronous save snapshots them beside the store.
         return ShardedRows(tensor, self.shard.class_start, self.shard.class_end, self.shard.num_classes,
-                           primary=dims.rank < dims.classifier_parallel_size)
+                           primary=dims.rank < dims.classifier_parallel_size, scratch_dir=self.store.directory)
 
     def state_dict(self) -> dict:
         """Every row brought to the current step first, so the saved W and momentum are exact."""
