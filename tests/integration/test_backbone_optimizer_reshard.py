@@ -105,6 +105,7 @@ def test_steps_after_2_1_2_resharding_equal_the_same_steps_unresharded(stage, tm
     assert torch.load(resharded / OPTIMIZER_FILE, weights_only=True).keys() == reference_state.keys()
 
 
+@pytest.mark.slow  # the negative control of the exact reshard test above
 def test_without_the_optimizer_state_the_momentum_restarts_and_the_weights_differ(tmp_path):
     """The comparison above can fail: restarting the momentum at each reshard moves the weights."""
     reference_dir = tmp_path / "reference"

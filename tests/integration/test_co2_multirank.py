@@ -111,6 +111,7 @@ def test_fused_term_matches_the_full_distributions(ranks):
     spawn_local_workers(_check_kernel, ranks, 3, 2)  # two global views and a small crop, which takes no part
 
 
+@pytest.mark.slow  # two global views (the default) are checked exactly by test_fused_term_matches_the_full_distributions
 def test_three_global_views_average_over_their_pairs():
     spawn_local_workers(_check_kernel, 2, 3, 3)
 

@@ -26,6 +26,7 @@ def assert_same_training_state(a, b):
         assert torch.equal(rows_a[key], rows_b[key]), f"classifier {key} differs"
 
 
+@pytest.mark.slow  # default suite: the preempted-with-sigterm and rank-killed-mid-step drills resume bit-identically
 def test_killed_run_resumes_to_identical_parameters(digits_split, tmp_path, monkeypatch):
     """Stop after step 8 (mid-epoch 0; 12 steps per epoch), resume to step 16 (inside epoch 1,
     after its hard-negative search) and compare with an uninterrupted run to step 16.  No C++
@@ -54,6 +55,7 @@ def _compare_updates(a: torch.Tensor, b: torch.Tensor, start: torch.Tensor) -> t
     return float(gap), float(moved_a @ moved_b / (moved_a.norm() * moved_b.norm()))
 
 
+@pytest.mark.slow  # exact per part in the default suite: test_objective_reshard, test_backbone_optimizer_reshard[2]
 def test_resharding_2_to_1_to_2_continues_the_same_training(digits_split, tmp_path):
     """Stop on 2 ranks mid-epoch, run 3 steps on 1 rank, then 3 more back on 2 ranks, with the same
     global batch (2 x 64 = 1 x 128); compare with the same 6 steps never resharded.  The sampler
