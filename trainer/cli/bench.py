@@ -62,10 +62,7 @@ def _run_classifier(args: argparse.Namespace) -> int:
         print(format_co2_report(settings, summary))
     else:
         summary = run(settings)
-        print(format_report(summary))
-    if args.json:
-        args.json.write_text(json.dumps(summary, indent=2))
-    return 0
+        return _report(args, format_report(summary), summary)
 
 
 def _add_data(benchmarks) -> None:
@@ -144,10 +141,7 @@ def _run_exporter(args: argparse.Namespace) -> int:
     if args.scrapers < 1 or args.rounds < 1 or args.seconds <= 0:
         raise ValueError("bench exporter: --scrapers and --rounds must be >= 1 and --seconds > 0")
     summary = run(settings_from_args(ExporterBenchSettings, args))
-    print(format_report(summary))
-    if args.json:
-        args.json.write_text(json.dumps(summary, indent=2))
-    return 0
+    return _report(args, format_report(summary), summary)
 
 
 def _add_scale(benchmarks) -> None:
@@ -164,10 +158,7 @@ def _run_scale(args: argparse.Namespace) -> int:
     from trainer.bench.scale_bench import ScaleBenchSettings, format_report, run
 
     summary = run(settings_from_args(ScaleBenchSettings, args))
-    print(format_report(summary))
-    if args.json:
-        args.json.write_text(json.dumps(summary, indent=2))
-    return 0
+    return _report(args, format_report(summary), summary)
 
 
 def _add_ingest(benchmarks) -> None:
@@ -181,10 +172,7 @@ def _run_ingest(args: argparse.Namespace) -> int:
     from trainer.bench.ingest_bench import IngestBenchSettings, format_report, run
 
     summary = run(settings_from_args(IngestBenchSettings, args))
-    print(format_report(summary))
-    if args.json:
-        args.json.write_text(json.dumps(summary, indent=2))
-    return 0
+    return _report(args, format_report(summary), summary)
 
 
 def _add_checkpoint(benchmarks) -> None:
@@ -202,7 +190,12 @@ def _run_checkpoint(args: argparse.Namespace) -> int:
     from trainer.bench.checkpoint_bench import CheckpointBenchSettings, format_report, run
 
     summary = run(settings_from_args(CheckpointBenchSettings, args), progress=lambda line: print(line, flush=True))
-    print(format_report(summary))
+    return _report(args, format_report(summary), summary)
+
+
+def _report(args: argparse.Namespace, text: str, summary: dict) -> int:
+    """Print a benchmark's table; with --json, also write its figures there."""
+    print(text)
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))
     return 0
