@@ -44,9 +44,11 @@ test-gpu: $(INSTALLED)
 DEMO := out/demo
 SCENES := --source digit-scenes --background flat --max-angle 0 --digit-size 0.6 0.8 --colour-mix 0.6 \
 	--renders-per-digit 1 --samples-per-shard 256
-SCENE_SHARDS := $(DEMO)/shards/train/manifest.json $(DEMO)/shards/val/manifest.json
-$(DEMO)/shards/%/manifest.json: | $(INSTALLED)
-	$(BIN)/instcls make-shards $(SCENES) --split $* --out $(DEMO)/shards/$* --prefix scenes-$*
+SCENE_SHARDS := $(DEMO)/shards/train/samples.npy $(DEMO)/shards/val/samples.npy
+# Shards an older make-shards wrote (a manifest, no sample table) get their table once.
+$(DEMO)/shards/%/samples.npy: | $(INSTALLED)
+	if [ -f $(DEMO)/shards/$*/manifest.json ]; then $(BIN)/instcls upgrade-shards $(DEMO)/shards/$*; else \
+		$(BIN)/instcls make-shards $(SCENES) --split $* --out $(DEMO)/shards/$* --prefix scenes-$*; fi
 
 demo: $(INSTALLED) $(SCENE_SHARDS)
 	@echo "instcls demo: digit-scene shards, then DHP training on 2 CPU ranks (torchrun, gloo)"
