@@ -59,10 +59,9 @@ def _run_classifier(args: argparse.Namespace) -> int:
         from trainer.bench.co2_bench import format_co2_report, run_co2
 
         summary = run_co2(settings)
-        print(format_co2_report(settings, summary))
-    else:
-        summary = run(settings)
-        return _report(args, format_report(summary), summary)
+        return _report(args, format_co2_report(settings, summary), summary)
+    summary = run(settings)
+    return _report(args, format_report(summary), summary)
 
 
 def _add_data(benchmarks) -> None:
