@@ -2,7 +2,8 @@
 
 On a terminal: tqdm's bar.  Anywhere else (a file, a pipe, a pod log) a bar is one ever-growing line
 of carriage-return updates, so there are plain lines instead, at log steps (the only steps whose
-loss is already on the host), at most one per ``every_s`` seconds, plus one at each epoch's end.
+loss is already on the host), at most one per ``every_s`` seconds (each epoch's end has its own
+line from the trainer).
 """
 
 from __future__ import annotations
