@@ -14,7 +14,7 @@ from trainer.drills.jobs import REPO, train_command
 from trainer.engine.row_checkpoint import read_full_rows, read_metadata
 
 __all__ = ["REPO", "train_command", "FAST", "run_train", "latest_checkpoint", "classifier_rows", "step_losses",
-           "eval_knn"]
+           "eval_knn", "replica_checks"]
 
 
 FAST = ["data.loader.batch_size=64", "optim.epochs=4", "optim.warmup_epochs=1", "parallel.deterministic=true"]
@@ -69,3 +69,17 @@ def eval_knn(config: str, checkpoint: Path | str, shards, capsys) -> float:
     assert main(args + [item for s in settings for item in ("--set", s)]) == 0
     out = capsys.readouterr().out
     return float(out.split(f"kNN (k=20, cosine) accuracy of {checkpoint}: ")[1].split("%")[0])
+
+
+def replica_checks(run_dir: Path, ranks: int) -> list[list[dict]]:
+    """Each rank's ``event: replicated`` records (one per save or evaluation step), after asserting
+    that every rank logged the same checks and none found state that differs across ranks."""
+    per_rank = []
+    for rank in range(ranks):
+        lines = (run_dir / "logs" / f"rank-{rank:05d}.jsonl").read_text().splitlines()
+        per_rank.append([json.loads(line) for line in lines if '"event": "replicated"' in line])
+    assert per_rank[0], "no replicated-state check was logged"
+    for checks in per_rank:
+        assert [(c["moment"], c["step"]) for c in checks] == [(c["moment"], c["step"]) for c in per_rank[0]]
+        assert all(c["diverged"] == [] for c in checks), [c for c in checks if c["diverged"]]
+    return per_rank

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import torch
 
-from tests.helpers.training import FAST, classifier_rows, eval_knn, latest_checkpoint, run_train
+from tests.helpers.training import FAST, classifier_rows, eval_knn, latest_checkpoint, replica_checks, run_train
 from tests.integration.test_training import assert_same_training_state
 
 PIC = "pic_demo_cpu.yaml"
@@ -28,6 +28,8 @@ def test_pic_resumes_mid_window_from_a_disk_store_to_the_uninterrupted_state(dig
     resumed, reference = latest_checkpoint(interrupted), latest_checkpoint(uninterrupted)
     assert resumed.name == reference.name == "step_000000020"
     assert_same_training_state(resumed, reference)
+    for run in (interrupted, uninterrupted):  # the recent-id queue, the window's position, BN statistics...
+        assert {c["step"] for c in replica_checks(run, 2)[0]} == {7, 14, 20}
 
     # The disk store's files hold the rows (the rank's anonymous memory does not), and the recent
     # ids after 20 steps of 128 are the last 256 ids read.

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from tests.helpers.training import FAST, eval_knn, latest_checkpoint, run_train, step_losses
+from tests.helpers.training import FAST, eval_knn, latest_checkpoint, replica_checks, run_train, step_losses
 from tests.integration.test_training import assert_same_training_state
 from trainer.engine.row_checkpoint import read_full_rows
 from trainer.observability.report import RunLogs
@@ -36,6 +36,8 @@ def test_swav_resumes_mid_run_with_a_full_queue_bit_identically_under_zero3(digi
     resumed, reference = latest_checkpoint(interrupted), latest_checkpoint(uninterrupted)
     assert resumed.name == reference.name == "step_000000015"
     assert_same_training_state(resumed, reference)
+    for run in (interrupted, uninterrupted):  # prototypes, their momentum, BN statistics (ZeRO-3: buffers only)
+        assert {c["step"] for c in replica_checks(run, 2)[0]} == {9, 15}
     for rank in (0, 1):
         a, b = _objective_state(resumed, rank), _objective_state(reference, rank)
         assert torch.equal(a["prototypes"], b["prototypes"]) and torch.equal(a["queue"]["rows"], b["queue"]["rows"])

@@ -16,6 +16,10 @@ def register(commands) -> None:
     parser.add_argument("--checkpoint", required=True,
                         help="checkpoint directory, 'auto' for the newest, or 'random-init' for the untrained "
                         "network of the config's seed (the baseline a trained one must beat)")
+    parser.add_argument("--features-out", type=Path,
+                        help="also write the bank's and the held-out set's backbone features, labels and ids here "
+                        "(torch.save, sorted by id; gathered in memory: for held-out sets and eval.bank_samples "
+                        "subsets)")
     parser.set_defaults(handler=_run_eval)
 
     parser = commands.add_parser("report", help="a finished run's summary table and a PNG of its curves, from its logs")
@@ -42,9 +46,12 @@ def _run_eval(args: argparse.Namespace) -> int:
         refuse_another_jobs_checkpoint(checkpoint, run_fingerprint(config, num_instances=0), model_only=True)
         model = build_model(config.model)
         model.load_state_dict(load_model_weights(checkpoint))
-    label, accuracy, rank = frozen_accuracy(model, config, args.protocol)
-    if rank == 0:
-        print(f"{label} accuracy of {checkpoint}: {100 * accuracy:.2f}%")
+    result = frozen_accuracy(model, config, args.protocol, args.features_out)
+    if result.rank == 0:
+        # The digest is the one the trainer logs with each evaluation (``query_features_digest``):
+        # equal digests mean the held-out features are bit-identical to the ones it scored.
+        print(f"{result.label} accuracy of {checkpoint}: {100 * result.accuracy:.2f}% "
+              f"({result.accuracy!r}; held-out features digest {result.query_features_digest})")
     return 0
 
 

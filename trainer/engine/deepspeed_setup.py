@@ -65,14 +65,3 @@ def engine_dtype(engine) -> torch.dtype:
     if engine.fp16_enabled():
         raise ConfigError("the DeepSpeed engine runs fp16, which is not supported: enable bf16 in its config instead")
     return torch.bfloat16 if engine.bfloat16_enabled() else torch.float32
-
-
-def plain_model_from_engine(engine, fresh_model: nn.Module) -> nn.Module:
-    """``fresh_model`` (same architecture) loaded with the engine's weights in fp32, on every rank.
-
-    Collective under ZeRO-3 (parameters are gathered from their partitions)."""
-    parameters = list(engine.module.parameters())
-    with deepspeed.zero.GatheredParameters(parameters, modifier_rank=None):
-        state = {k: v.detach().float().clone() for k, v in engine.module.state_dict().items()}
-    fresh_model.load_state_dict(state)
-    return fresh_model

@@ -25,12 +25,13 @@ from pathlib import Path
 
 import deepspeed
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
+from torch import nn
 
 from trainer.engine.checkpoint_files import MODEL_FILE, OPTIMIZER_FILE, load_model_weights, read_trainer_meta
 from trainer.engine.checkpoint_plan import FailPoint, FileWrite, HostBuffers, SavePlan
 from trainer.engine.failpoints import fail_point
-from trainer.engine.optimizer_state import (full_master_weights, full_optimizer_state, load_full_optimizer_state,
-                                           load_master_weights)
+from trainer.engine.optimizer_state import (fresh_host_copy, full_master_weights, full_optimizer_state,
+                                           load_full_optimizer_state, load_master_weights)
 from trainer.engine.safe_load import load_data, refuse_pickled_code
 from trainer.parallel import ParallelDims
 
@@ -80,15 +81,9 @@ class EngineState:
         finally:
             engine.checkpoint_engine = real
         plan: SavePlan = [*captured.files, FailPoint("checkpoint.after_engine")]
-        # The fp32 masters (collective under ZeRO); the module gives buffers and the parameters
-        # DeepSpeed keeps no master of (stage 0 in fp32).  Both are copies made for this save.
-        masters = full_master_weights(engine, dims.rank == 0, lambda name, v: self.buffers.copy(f"master/{name}", v))
-        parameters = list(engine.module.parameters())
-        with deepspeed.zero.GatheredParameters(parameters, modifier_rank=None):  # no-op below ZeRO-3
-            if dims.rank == 0:
-                full = {k: self.buffers.copy(f"module/{k}", v) for k, v in engine.module.state_dict().items()
-                        if k not in masters}
-                plan.append(FileWrite(MODEL_FILE, {**full, **masters}, owned=True))
+        weights = consolidated_weights(engine, dims.rank == 0, self.buffers.copy)  # collective under ZeRO
+        if dims.rank == 0:
+            plan.append(FileWrite(MODEL_FILE, weights, owned=True))
         optimizer_state = full_optimizer_state(engine, dims.rank == 0,  # collective under ZeRO
                                                lambda name, v: self.buffers.copy(f"optimizer/{name}", v))
         if dims.rank == 0:
@@ -97,6 +92,30 @@ class EngineState:
 
     def load_from(self, path: Path, dims: ParallelDims) -> None:
         load_engine(path, self.engine, dims, self.log)
+
+
+def consolidated_weights(engine, keep: bool, host_copy) -> dict:
+    """The network as ``model.pt`` holds it, one CPU copy per entry: DeepSpeed's fp32 master of
+    every parameter it keeps one of, the module's own values for the rest (buffers, and parameters
+    below ZeRO in fp32).  Collective under ZeRO (masters and ZeRO-3 partitions are gathered); ranks
+    with ``keep`` False take part and get ``{}``.  ``host_copy(name, tensor)`` makes each copy.
+
+    What a checkpoint saves and what the trainer's evaluation scores both come from here, so the
+    network scored during training is the one ``instcls eval`` loads."""
+    masters = full_master_weights(engine, keep, lambda name, v: host_copy(f"master/{name}", v))
+    parameters = list(engine.module.parameters())
+    with deepspeed.zero.GatheredParameters(parameters, modifier_rank=None):  # no-op below ZeRO-3
+        if not keep:
+            return {}
+        module = {k: host_copy(f"module/{k}", v) for k, v in engine.module.state_dict().items() if k not in masters}
+    return {**module, **masters}
+
+
+def plain_model_from_engine(engine, fresh_model: nn.Module) -> nn.Module:
+    """``fresh_model`` (same architecture) loaded with the engine's network as ``model.pt`` would
+    hold it now (fp32 masters, not the bf16 module copy), on every rank.  Collective under ZeRO."""
+    fresh_model.load_state_dict(consolidated_weights(engine, True, fresh_host_copy))
+    return fresh_model
 
 
 def load_engine(path: Path, engine, dims: ParallelDims, log=print) -> None:

@@ -47,11 +47,11 @@ def _keys_present(engine) -> list[str]:
     return [key for key in STATE_KEYS if key in present]
 
 
-def _host_copy(name: str, value: torch.Tensor) -> torch.Tensor:
+def fresh_host_copy(name: str, value: torch.Tensor) -> torch.Tensor:
     return value.detach().to("cpu", torch.float32, copy=True)
 
 
-def full_optimizer_state(engine, keep: bool = True, host_copy=_host_copy) -> dict[str, dict[str, torch.Tensor]]:
+def full_optimizer_state(engine, keep: bool = True, host_copy=fresh_host_copy) -> dict[str, dict[str, torch.Tensor]]:
     """``{parameter name: {key: full fp32 state on the CPU}}``.  Collective under ZeRO: every rank
     calls it (each parameter's partitions are gathered in turn); ranks with ``keep`` False take
     part without copying the state to the CPU and get ``{}``.  ``host_copy(name, value)`` makes
@@ -70,7 +70,7 @@ def full_optimizer_state(engine, keep: bool = True, host_copy=_host_copy) -> dic
     return state
 
 
-def full_master_weights(engine, keep: bool = True, host_copy=_host_copy) -> dict[str, torch.Tensor]:
+def full_master_weights(engine, keep: bool = True, host_copy=fresh_host_copy) -> dict[str, torch.Tensor]:
     """``{parameter name: full fp32 master weight on the CPU}`` of every parameter DeepSpeed owns.
 
     Under a bf16 config the module holds bf16 copies, rounded from these at every step: a

@@ -32,6 +32,7 @@ from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, lo
 from trainer.engine.engine_state import EngineState
 from trainer.engine.failpoints import armed, fail_point, wait_point
 from trainer.engine.preemption import NonFiniteWatch, StopSignal
+from trainer.engine.replicated_state import diverged_entries, replicated_digests
 from trainer.engine.rng_state import RngState, reseed
 from trainer.engine.run_fingerprint import refuse_another_jobs_checkpoint, run_fingerprint
 from trainer.engine.run_record import RunRecord
@@ -45,6 +46,7 @@ from trainer.observability.metrics import TrainingMetrics
 from trainer.observability.progress import epoch_bar
 from trainer.observability.what_runs import what_runs
 from trainer.parallel import ParallelDims
+from trainer.parallel.batch_norm import apply_batch_norm_mode, average_running_statistics
 
 
 @dataclass
@@ -96,6 +98,8 @@ class Trainer:
         # Scored next to the trained network: does training beat the architecture alone?
         self.evaluation = TrainingEvaluation(config, dims, model, self.log, self.metrics,
                                              self._say) if config.data.eval_shards else None
+        model = apply_batch_norm_mode(model, config.model.batch_norm, dims.device, dims.world_size,
+                                      dims.data_parallel_group)
         ds_config = load_deepspeed_config(config.deepspeed_config, loader_config.batch_size)
         self.engine, self.backbone_optimizer = initialize_backbone(
             model, ds_config, peak_lr, config.optim.momentum, config.optim.weight_decay
@@ -133,6 +137,7 @@ class Trainer:
         self.metrics.epochs_planned.set(config.optim.epochs)
         self.stop_signal = StopSignal(dims.control_group)
         self.nonfinite = NonFiniteWatch(dims.device)
+        self._replicas_checked_at: int | None = None  # the step whose replicated state last agreed
         self.skipper = StepSkipper(self.engine.module, self.objective, config.optim.max_skipped_in_a_row, self.metrics,
                                    self.log, self._say)
 
@@ -148,12 +153,36 @@ class Trainer:
         background; ``wait`` (the last save, a preemption's): complete before returning (its path)."""
         if self.checkpointer.holds(self.state.global_step):  # saved, or being saved
             return self.checkpointer.wait() if wait else None
+        self._make_replicas_agree("save")  # model.pt and the plain state are rank 0's: make them everyone's
         # ZeRO-3 keeps each rank's partition in ds_tensor; the check covers every rank's own part.
         local_parameters = [getattr(p, "ds_tensor", p) for p in self.engine.module.parameters()]
         self.nonfinite.observe_parameters([*objective_parameters(self.objective), *local_parameters])
         step, last = self.state.global_step, self.checkpointer.last_complete
         self.nonfinite.check(self.dims.control_group, step, str(last or ""))
         self.checkpointer.save(step, self.checkpoint_state, blocking=wait)  # after the one in flight
+
+    def _make_replicas_agree(self, moment: str) -> None:
+        """Collective, before every save and evaluation: under ``model.batch_norm: local`` the
+        ranks' BatchNorm running statistics are averaged into one network (training forwards never
+        read them, so the trajectory does not change); then every state that each rank should hold
+        alike is compared across ranks, logged (``event: replicated``) and any difference named.
+        Once per step: averaging equal values again could still move a last bit with 3 ranks."""
+        step = self.state.global_step
+        if self._replicas_checked_at == step:
+            return
+        self._replicas_checked_at = step
+        spread = 0.0
+        if self.config.model.batch_norm == "local":
+            spread = average_running_statistics(self.engine.module, self.dims.data_parallel_group)
+        digests = replicated_digests(self.engine.module, self.checkpoint_state,
+                                     parameters_whole=self.engine.zero_optimization_stage() < 3)
+        diverged = diverged_entries(digests, self.dims.control_group)
+        self.log.write(event="replicated", moment=moment, step=step, batch_norm_spread=spread, entries=len(digests),
+                       diverged=diverged)
+        if diverged and self.dims.rank == 0:
+            self._say(f"warning: {len(diverged)} entries that every rank should hold alike differ across ranks at step "
+                      f"{step} ({', '.join(diverged[:5])}{'...' if len(diverged) > 5 else ''}); the checkpoint and "
+                      "model.pt keep rank 0's. This is a bug: please report it with the logs")
 
     def _encode(self, images: torch.Tensor) -> torch.Tensor:
         return self.engine(images.to(self.dtype))
@@ -297,4 +326,5 @@ class Trainer:
         ``final`` with ``eval.linear_at_end``, the linear probe).  Logged and exported."""
         if self.evaluation is None:
             return None
+        self._make_replicas_agree("eval")
         return self.evaluation.run(self.engine, self.state.epoch, self.state.global_step, final)

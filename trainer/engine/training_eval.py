@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Callable
 
-from trainer.engine.deepspeed_setup import plain_model_from_engine
+from trainer.engine.engine_state import plain_model_from_engine
 from trainer.evaluation.scoring import FrozenFeatureScores
 from trainer.models import build_model
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.engine.rng_state import reseed
-from trainer.evaluation.features import EvaluationData, gather_to_host
+from trainer.evaluation.features import EvaluationData, features_digest, gather_to_host, save_features
 from trainer.evaluation.knn import sharded_knn_accuracy
 from trainer.evaluation.linear import linear_probe_accuracy
 from trainer.evaluation.sharded_knn import knn_bank_shard
@@ -27,20 +28,35 @@ def random_init_model(config):
     return build_model(config.model)
 
 
-def frozen_accuracy(model, config, protocol: str) -> tuple[str, float, int]:
-    """(the protocol's name for people, accuracy in [0, 1], this process's rank), all ranks together."""
+@dataclass(frozen=True)
+class FrozenAccuracy:
+    """One protocol's result on this rank: ``accuracy`` in [0, 1], the same on every rank."""
+
+    label: str  # the protocol's name for people
+    accuracy: float
+    query_features_digest: str  # ``features_digest`` of the held-out features (the trainer logs the same)
+    rank: int
+
+
+def frozen_accuracy(model, config, protocol: str, features_out: Path | None = None) -> FrozenAccuracy:
+    """All ranks together: ``protocol``'s accuracy of ``model``'s frozen features; with
+    ``features_out``, the bank's and the queries' features are also written there (rank 0)."""
     dims = init_distributed(device=config.parallel.device)
     model.to(dims.device)
     if protocol not in PROTOCOLS:
         raise ValueError(f"eval protocol {protocol!r} is unknown: choose one of {', '.join(PROTOCOLS)}")
     bank, queries = EvaluationData(config.data, config.eval, dims).bank_and_queries(model)
     group = dims.data_parallel_group
+    digest = features_digest(queries, group)
+    if features_out is not None:
+        save_features(features_out, bank, queries, dims)
     if protocol == "knn":
         shard = knn_bank_shard(bank.features, bank.labels, bank.ids, group)
         accuracy = sharded_knn_accuracy(shard, queries.features, queries.labels, config.eval.knn_k,
                                         config.eval.knn_temperature, group)
-        return f"kNN (k={config.eval.knn_k}, cosine)", accuracy, dims.rank
+        return FrozenAccuracy(f"kNN (k={config.eval.knn_k}, cosine)", accuracy, digest, dims.rank)
     # the probe needs the whole bank in one process: gathered to every rank's host memory
     bank_features, bank_labels = gather_to_host(bank, dims)
     query_features, query_labels = gather_to_host(queries, dims)
-    return "linear probe", linear_probe_accuracy(bank_features, bank_labels, query_features, query_labels), dims.rank
+    accuracy = linear_probe_accuracy(bank_features, bank_labels, query_features, query_labels)
+    return FrozenAccuracy("linear probe", accuracy, digest, dims.rank)

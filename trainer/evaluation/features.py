@@ -6,10 +6,13 @@ Nothing here gathers a whole bank: at ImageNet-21K scale that is 14.2M x 2048 x 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
+import torch.distributed as dist
 
 from data_pipeline.indexed_loader import IndexedLoader
 from data_pipeline.loader import build_loader
@@ -18,7 +21,7 @@ from data_pipeline.sampler import Sampler
 from trainer.evaluation.bank_subset import SubsetSampler, bank_subset_ids
 from trainer.models.backbone import InstanceModel
 from trainer.parallel import ParallelDims
-from trainer.parallel.collectives import gather_rows, gather_uneven_rows
+from trainer.parallel.collectives import gather_rows, gather_uneven_rows, group_size
 
 BANK_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
@@ -108,3 +111,43 @@ def gather_to_host(local: LocalFeatures, dims: ParallelDims,
         features[places] = gather_uneven_rows(local.features[block], group).cpu().float()
         labels[places] = gather_uneven_rows(local.labels[block], group).cpu()
     return features, labels
+
+
+def features_digest(local: LocalFeatures, group) -> str:
+    """Collective: a fingerprint of every rank's rows together, the same for any number of ranks and
+    any split of the rows: each row's (id, label, feature bytes) is hashed to 64 bits and the
+    hashes are added modulo 2^64 over all rows of all ranks.  Equal digests mean bit-identical
+    features (up to a 2^-64 chance): the check that two runs scored the same network, without
+    moving any feature between ranks.  One host copy of this rank's rows."""
+    features = local.features.detach().cpu().contiguous()
+    row_bytes = features.view(torch.uint8).reshape(features.shape[0], -1).numpy()
+    ids, labels = local.ids.cpu().numpy(), local.labels.cpu().numpy()
+    low = high = 0
+    for row, sample_id, label in zip(row_bytes, ids, labels):
+        key = np.array([sample_id, label], dtype=np.int64).tobytes() + row.tobytes()
+        value = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
+        low, high = low + (value & 0xFFFFFFFF), high + (value >> 32)
+    # the two 32-bit halves are summed apart, so int64 all-reduces never overflow
+    combined = torch.tensor([low, high], dtype=torch.int64, device=local.ids.device)
+    if group_size(group) > 1:
+        dist.all_reduce(combined, group=group)
+    low, high = (int(v) for v in combined.tolist())
+    return f"{(low + (high << 32)) % 2**64:016x}"
+
+
+def save_features(path: Path, bank: LocalFeatures, queries: LocalFeatures, dims: ParallelDims) -> None:
+    """Collective: the bank's and the queries' features, labels and ids, gathered and sorted by id,
+    written by rank 0 to ``path`` (``torch.save``; loads with ``weights_only=True``).  Needs both
+    sets in host memory: meant for held-out sets and ``eval.bank_samples`` subsets, not a whole
+    ImageNet bank."""
+    saved = {}
+    for name, local in (("bank", bank), ("queries", queries)):
+        features, labels = gather_to_host(local, dims)
+        ids = gather_uneven_rows(local.ids, dims.data_parallel_group).cpu().sort().values
+        saved[name] = {"ids": ids, "labels": labels, "features": features}
+    if dims.rank == 0:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(path.name + ".tmp")
+        torch.save(saved, temporary)
+        temporary.replace(path)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from trainer.evaluation.features import EvaluationData, gather_to_host
+from trainer.evaluation.features import EvaluationData, features_digest, gather_to_host
 from trainer.evaluation.knn import sharded_knn_accuracy
 from trainer.evaluation.linear import linear_probe_accuracy, linear_probe_curve
 from trainer.evaluation.sharded_knn import knn_bank_shard
@@ -27,9 +27,9 @@ class FrozenFeatureScores:
         self._random_knn = None
         self._data = None  # EvaluationData, built at the first score (not at all in runs that never evaluate)
 
-    def _scores(self, model: InstanceModel, linear: bool) -> tuple[float, tuple | None]:
-        """(kNN accuracy, the linear probe's inputs gathered to host memory when ``linear``), from
-        one pass over the bank and the held-out set."""
+    def _scores(self, model: InstanceModel, linear: bool) -> tuple[float, str, tuple | None]:
+        """(kNN accuracy, the held-out features' digest, the linear probe's inputs gathered to host
+        memory when ``linear``), from one pass over the bank and the held-out set."""
         if self._data is None:
             self._data = EvaluationData(self.config.data, self.config.eval, self.dims)
         bank, queries = self._data.bank_and_queries(model.to(self.dims.device))
@@ -37,18 +37,19 @@ class FrozenFeatureScores:
         knn = sharded_knn_accuracy(shard, queries.features, queries.labels, self.config.eval.knn_k,
                                    self.config.eval.knn_temperature, self.dims.data_parallel_group)
         probe_inputs = (*gather_to_host(bank, self.dims), *gather_to_host(queries, self.dims)) if linear else None
-        return knn, probe_inputs
+        return knn, features_digest(queries, self.dims.data_parallel_group), probe_inputs
 
     def score(self, trained: InstanceModel, linear: bool = False) -> dict:
-        """``{"knn_trained", "knn_random_init", "seconds"}``, plus with ``linear`` the probe of both
+        """``{"knn_trained", "knn_random_init", "query_features_digest", "seconds"}`` (the digest: the
+        trained network's held-out features, ``features_digest``, what `instcls eval` prints), plus with ``linear`` the probe of both
         networks and the trained one's learning curve (``linear_curve``: label fraction -> accuracy).
         The probe fits on the bank gathered into host memory (``eval.bank_samples`` bounds it)."""
         started = time.perf_counter()
         random_probe_inputs = None
         if self._random_knn is None or linear:
-            self._random_knn, random_probe_inputs = self._scores(self._random_init, linear)
-        knn_trained, trained_probe_inputs = self._scores(trained, linear)
-        results = {"knn_trained": knn_trained, "knn_random_init": self._random_knn}
+            self._random_knn, _, random_probe_inputs = self._scores(self._random_init, linear)
+        knn_trained, digest, trained_probe_inputs = self._scores(trained, linear)
+        results = {"knn_trained": knn_trained, "knn_random_init": self._random_knn, "query_features_digest": digest}
         if linear:
             results["linear_curve"] = {str(f): a for f, a in linear_probe_curve(*trained_probe_inputs).items()}
             results["linear_trained"] = results["linear_curve"]["1.0"]  # the all-labels point is the probe

@@ -13,6 +13,8 @@ import torch
 import torchvision
 from torch import nn
 
+from trainer.parallel.batch_norm import BATCH_NORM_MODES
+
 ARCHITECTURES = ("resnet10", "resnet18", "resnet34", "resnet50", "resnet101")
 HEADS = ("mlp", "linear")
 
@@ -28,6 +30,11 @@ class ModelConfig:
         head the paper's Table 2 compares it with).
     head_hidden_dim: width of the MLP head's hidden layer (2048 in the paper).
     feature_dim: output width D of the head, the classifier's input (128 in the paper).
+    batch_norm: how the data-parallel ranks share BatchNorm: "local" (each rank's own batch
+        statistics, PIC's and paper 000's choice; the running statistics are averaged over the
+        ranks before every evaluation and save, so every rank holds, scores and saves one
+        network) or "sync" (``torch.nn.SyncBatchNorm`` over the ranks, SwAV's choice; CUDA only).
+        See ``trainer.parallel.batch_norm``.
     """
 
     arch: str = "resnet50"
@@ -35,6 +42,7 @@ class ModelConfig:
     head: str = "mlp"
     head_hidden_dim: int = 2048
     feature_dim: int = 128
+    batch_norm: str = "local"
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHITECTURES:
@@ -43,6 +51,9 @@ class ModelConfig:
             raise ValueError(f"head={self.head!r} is invalid: choose one of {HEADS}")
         if self.head_hidden_dim < 1 or self.feature_dim < 1:
             raise ValueError("head_hidden_dim and feature_dim must be positive")
+        if self.batch_norm not in BATCH_NORM_MODES:
+            raise ValueError(f"batch_norm={self.batch_norm!r} is invalid: use local (per-rank statistics, averaged "
+                             "before every evaluation and save) or sync (SyncBatchNorm over the ranks, CUDA only)")
 
 
 class InstanceModel(nn.Module):

@@ -1,0 +1,80 @@
+"""State that every rank must hold alike, checked across ranks at each save and evaluation.
+
+A checkpoint keeps one copy of replicated state (rank 0's plain part on a change of world size;
+``model.pt`` is rank 0's network), and an evaluation scores one network per rank.  State that each
+rank updates on its own and that silently drifts apart therefore makes the saved job differ from
+the one that ran.  What counts as replicated:
+
+- the network: every parameter (below ZeRO-3, where each rank holds them whole) and every buffer
+  (BatchNorm's running statistics: see ``trainer.parallel.batch_norm``);
+- every checkpoint component's plain state (the trainer's position, the sampler, the objective's
+  counters, prototypes and recent-id queues) — everything except the rows wrapped in
+  ``ShardedRows`` (each rank's own classifier rows, queue slices, hard-negative tables) and the
+  per-rank RNG streams.
+
+``diverged_entries`` hashes each entry exactly (sha256 of its bytes) and compares the digests over
+the control group (gloo, host memory): one small all-gather at a save or an evaluation, never in
+a training step.  The cost is one host copy of the network per check (~100 MB for ResNet-50).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Iterator, Mapping
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainer.parallel.sharded_state import ShardedRows
+
+PER_RANK_COMPONENTS = ("rng",)  # RNG streams differ by rank on purpose (each rank draws its own views)
+
+
+def _digest(value) -> str:
+    if isinstance(value, torch.Tensor):
+        data = value.detach().cpu().contiguous().reshape(-1)
+        payload = repr((str(value.dtype), tuple(value.shape))).encode() + data.view(torch.uint8).numpy().tobytes()
+    elif isinstance(value, np.ndarray):
+        payload = repr((str(value.dtype), value.shape)).encode() + np.ascontiguousarray(value).tobytes()
+    else:
+        payload = repr(value).encode()
+    return hashlib.sha256(payload).hexdigest()
+
+
+def _plain_leaves(value, path: str) -> Iterator[tuple[str, object]]:
+    """``(path, leaf)`` of a state dict, leaving out row-sharded parts (each rank's own)."""
+    if isinstance(value, ShardedRows):
+        return
+    if isinstance(value, Mapping):
+        for key, child in value.items():
+            yield from _plain_leaves(child, f"{path}.{key}")
+    else:
+        yield path, value
+
+
+def replicated_digests(module: nn.Module, components: Mapping[str, object], parameters_whole: bool) -> dict[str, str]:
+    """``{name: digest}`` of everything every rank should hold alike.  ``module``: the network on this
+    rank; ``parameters_whole``: its parameters are whole on every rank (not ZeRO-3 partitions);
+    ``components``: the checkpoint's entries (those with a ``state_dict``)."""
+    digests = {f"model.{name}": _digest(buffer) for name, buffer in module.named_buffers()}
+    if parameters_whole:
+        digests.update({f"model.{name}": _digest(parameter) for name, parameter in module.named_parameters()})
+    for component_name, component in components.items():
+        if component_name in PER_RANK_COMPONENTS or not hasattr(component, "state_dict"):
+            continue
+        for path, leaf in _plain_leaves(component.state_dict(), component_name):
+            digests[path] = _digest(leaf)
+    return digests
+
+
+def diverged_entries(digests: dict[str, str], group: dist.ProcessGroup | None) -> list[str]:
+    """Collective over ``group`` (a CPU group): the names whose digests are not the same on every rank
+    (a name missing on some rank counts as diverged).  ``[]`` in a single process."""
+    if group is None or dist.get_world_size(group) <= 1:
+        return []
+    every_rank: list[dict[str, str] | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every_rank, digests, group=group)
+    names = sorted(set().union(*every_rank))
+    return [name for name in names if len({ranks.get(name) for ranks in every_rank}) > 1]
