@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
-from tqdm import tqdm
 
 from data_pipeline.legacy_table import legacy_shard_rows
 from data_pipeline.manifest import ShardEntry, ShardManifest
+from data_pipeline.progress import IngestProgress
 from data_pipeline.table_file import TableError, open_table, sha256_of
 from data_pipeline.tar_index import read_dali_index, scan_tar
 from data_pipeline.tar_labels import IMAGE_EXTENSIONS, parse_label
@@ -145,9 +145,12 @@ def validate_shards(shard_dir: Path, workers: int = 2, progress: bool = True) ->
     if table is None and not manifest.legacy:
         return 0, problems
     checked = 0
+    # a bar on a terminal, plain lines in a file or a pod log (never carriage returns)
+    shown = IngestProgress("validate-shards", len(jobs), 0, "shards", enabled=progress)
     with Pool(workers) as pool:
-        reports = pool.imap(check_shard, jobs)
-        for report in tqdm(reports, total=len(jobs), desc="validate-shards", disable=not progress, unit="shard"):
+        for report in pool.imap(check_shard, jobs):
             problems += report.problems
             checked += report.checked
+            shown.advance(1)
+    shown.close()
     return checked, problems

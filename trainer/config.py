@@ -10,11 +10,12 @@ suggestion), so a typo never silently falls back to a default.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
 
+import ds_configs
 from data_pipeline.config import LoaderConfig
 from trainer.config_building import ConfigError, apply_overrides, build_dataclass
 from trainer.models import ModelConfig
@@ -237,7 +238,10 @@ class EvalSection:
 @dataclass(frozen=True)
 class JobConfig:
     """A training job.  ``objective`` selects the training method by ``name`` (see
-    ``trainer.objectives``); its other fields are that objective's.  ``deepspeed_config`` is a JSON file in ds_configs/ (ZeRO stage, bf16);
+    ``trainer.objectives``); its other fields are that objective's.  ``deepspeed_config`` is a
+    DeepSpeed JSON file (ZeRO stage, bf16): a shipped one by name (``zero2_bf16``) or as
+    ``ds_configs/zero2_bf16.json``, found from any working directory, or a path of your own,
+    relative to the job config's folder or the working directory (``ds_configs.resolve``);
     batch sizes in it are filled in from ``data.loader.batch_size``.  ``max_steps`` stops early
     (for tests and smoke runs)."""
 
@@ -264,6 +268,7 @@ def load_job_config(path: Path | str, overrides: list[str] | None = None) -> Job
         raise ConfigError(f"{path} is not valid YAML: {error}") from error
     data = apply_overrides(data, overrides or [])
     try:
-        return build_dataclass(JobConfig, data, "")
-    except ConfigError as error:
+        config = build_dataclass(JobConfig, data, "")
+        return replace(config, deepspeed_config=ds_configs.resolve(config.deepspeed_config, path.parent))
+    except ValueError as error:  # ConfigError, or a deepspeed_config that is nowhere
         raise ConfigError(f"{path}: {error}") from error

@@ -21,11 +21,14 @@ FAST = ["data.loader.batch_size=64", "optim.epochs=4", "optim.warmup_epochs=1", 
 
 
 def run_train(run_dir: Path, shards, nproc: int, overrides: list[str], resume: str = "none", timeout: int = 600,
-              config: str = "digits_cpu.yaml"):
-    result = subprocess.run(train_command(run_dir, shards, nproc, overrides, resume, config=config), cwd=REPO, capture_output=True,
-                            text=True, timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1"))
+              config: str = "digits_cpu.yaml", cwd: Path = REPO):
+    """``config``: a name in configs/, or a path of its own (a copied config)."""
+    result = subprocess.run(train_command(run_dir, shards, nproc, overrides, resume, config=config), cwd=cwd,
+                            capture_output=True, text=True, timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1"))
     if result.returncode != 0:
         raise AssertionError(f"training failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}")
+    # output to a pipe or a file (a pod log) is plain lines: no bar redrawn with carriage returns
+    assert "\r" not in result.stdout + result.stderr, result.stderr[-3000:]
     return result
 
 

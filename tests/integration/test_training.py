@@ -213,12 +213,15 @@ def test_eval_commands_score_a_checkpoint_as_the_trainer_did(digits_split, tmp_p
     `instcls eval` on the checkpoint, with the same loader, batch size, threads and ranks, scores
     bit-identical held-out features (the same digest) and exactly the trainer's kNN, here and on
     the random-init baseline; in one process with another thread count the features agree within
-    float32 rounding and every query's kNN neighbour set is the same.  (Before the averaging,
-    model.pt held rank 0's statistics while the trainer scored a blend of both ranks' networks:
-    0.56 to 3.9 points apart.)"""
+    float32 rounding and every query's kNN neighbour set is the same.  The job runs from a folder
+    outside the checkout, with a copied config.  (Before the averaging, model.pt held rank 0's
+    statistics while the trainer scored a blend of both ranks' networks: 0.56 to 3.9 points apart.)"""
     from trainer.cli import main
 
-    run_train(tmp_path, digits_split, 2, FAST + ["eval.knn_at_end=true"])
+    # A copied config, run from outside the checkout: its ds_configs/zero0.json is the shipped file.
+    copied = tmp_path / "my-job.yaml"
+    copied.write_text((REPO / "configs/digits_cpu.yaml").read_text())
+    run_train(tmp_path, digits_split, 2, FAST + ["eval.knn_at_end=true"], config=str(copied), cwd=tmp_path)
     checkpoint = latest_checkpoint(tmp_path)
     assert checkpoint.name == "step_000000048"  # 4 epochs of 12 steps
     logs = RunLogs.read(tmp_path / "logs")
@@ -235,7 +238,7 @@ def test_eval_commands_score_a_checkpoint_as_the_trainer_did(digits_split, tmp_p
         out = tmp_path / f"features-2-ranks-{checkpoint.name if name == checkpoint else name}.pt"
         result = subprocess.run(_eval_command("knn", name, settings, out, nproc=2), cwd=tmp_path, env=env,
                                 capture_output=True, text=True, timeout=600)
-        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.returncode == 0 and "\r" not in result.stdout + result.stderr, result.stderr[-3000:]
         same_ranks[str(name)] = _printed(result.stdout, name)
     assert same_ranks[str(checkpoint)] == (logged["knn_trained"], logged["query_features_digest"]), (same_ranks, logged)
     assert same_ranks["random-init"][0] == logged["knn_random_init"], (same_ranks, logged)

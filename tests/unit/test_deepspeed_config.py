@@ -1,6 +1,7 @@
 """DeepSpeed configs the trainer refuses, with errors naming the file, the field and the fix."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -24,3 +25,33 @@ def test_bf16_and_disabled_fp16_configs_load(tmp_path):
     path.write_text(json.dumps({"zero_optimization": {"stage": 2}, "fp16": {"enabled": False},
                                 "bf16": {"enabled": True}}))
     assert load_deepspeed_config(path, micro_batch=4)["train_micro_batch_size_per_gpu"] == 4
+
+
+def test_a_copied_job_config_finds_the_shipped_and_its_own_deepspeed_configs_from_anywhere(tmp_path, monkeypatch):
+    """Run from a folder outside the checkout (an installed instcls, a user's project): a shipped
+    name, or the ds_configs/... spelling the shipped job configs use, is the shipped file; any other
+    path is read relative to the job config's folder, else the working directory."""
+    import ds_configs
+    from trainer.config import load_job_config
+
+    repo = Path(__file__).resolve().parents[2]
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    (project / "deepspeed").mkdir(parents=True)
+    elsewhere.mkdir()
+    copied = project / "job.yaml"
+    copied.write_text((repo / "configs" / "digits_cpu.yaml").read_text())
+    monkeypatch.chdir(elsewhere)
+    shipped = ds_configs.shipped_folder()
+    assert load_job_config(copied).deepspeed_config == shipped / "zero0.json"  # ds_configs/zero0.json
+    assert load_job_config(copied, ["deepspeed_config=zero2_bf16"]).deepspeed_config == shipped / "zero2_bf16.json"
+    own = project / "deepspeed" / "zero1_big_buckets.json"
+    own.write_text(json.dumps({"zero_optimization": {"stage": 1}}))
+    assert load_job_config(copied, ["deepspeed_config=deepspeed/zero1_big_buckets.json"]).deepspeed_config == own
+    (elsewhere / "here.json").write_text("{}")
+    assert load_job_config(copied, ["deepspeed_config=here.json"]).deepspeed_config == elsewhere / "here.json"
+    with pytest.raises(ConfigError) as error:
+        load_job_config(copied, ["deepspeed_config=zero9"])
+    message = str(error.value)
+    assert str(copied) in message and "deepspeed_config zero9 not found" in message
+    assert str(project / "zero9") in message and str(elsewhere / "zero9") in message and "zero2_bf16" in message
+    assert sorted(ds_configs.shipped_names()) == sorted(p.stem for p in (repo / "ds_configs").glob("*.json"))

@@ -58,3 +58,31 @@ def test_the_checker_finds_a_missing_file_and_a_missing_heading(tmp_path):
                    "[web](https://example.com/x) [self](#top)\n\n# Top\n```bash\n[not a link](nowhere.md)\n```\n")
     assert broken_links(doc) == [f"gone.png: no file {tmp_path / 'gone.png'}",
                                  "other.md#nowhere: no heading #nowhere in other.md"]
+
+
+# A pasted patch or an unresolved merge: hunk headers ("@@ -694,18 +754,21 @@", also with one "@"
+# lost) and conflict markers.
+LEFTOVER = re.compile(r"^(@@? -\d+(,\d+)? \+\d+(,\d+)? @@?|<{7}( |$)|={7}$|>{7}( |$))")
+
+
+def leftovers(markdown: str) -> list[str]:
+    """What a document must not hold: diff or merge markers, and a code fence left open (the rest of
+    the page would render as code, and the link check would skip it)."""
+    found = [f"line {number}: {line[:60]}" for number, line in enumerate(markdown.splitlines(), 1)
+             if LEFTOVER.match(line)]
+    fences = [number for number, line in enumerate(markdown.splitlines(), 1) if FENCE.match(line)]
+    if len(fences) % 2:
+        found.append(f"line {fences[-1]}: a code fence is never closed")
+    return found
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_document_holds_patch_or_merge_markers_or_an_open_fence(document):
+    assert leftovers(document.read_text()) == []
+
+
+def test_the_leftover_check_finds_a_hunk_a_conflict_and_an_open_fence():
+    pasted = "# Doc\n\n```bash\n@ -694,18 +754,21 @@ the resume itself\n<<<<<<< HEAD\nours\n=======\ntheirs\n>>>>>>> b\n"
+    assert leftovers(pasted) == ["line 4: @ -694,18 +754,21 @@ the resume itself", "line 5: <<<<<<< HEAD",
+                                 "line 7: =======", "line 9: >>>>>>> b", "line 3: a code fence is never closed"]
+    assert leftovers("# Doc\n\n```\ncode\n```\n\nText with a=b and @ -1 in prose.\n") == []

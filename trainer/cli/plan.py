@@ -84,6 +84,9 @@ def _run_plan(args: argparse.Namespace) -> int:
             row_store=args.row_store, co2=args.co2, dali=not args.no_dali,
         )
     if args.deepspeed_config is not None:
-        plan = replace(plan, **deepspeed_settings(load_deepspeed_config(args.deepspeed_config, 1)))
+        import ds_configs
+
+        ds_file = ds_configs.resolve(args.deepspeed_config)  # a shipped name, or a path from here
+        plan = replace(plan, **deepspeed_settings(load_deepspeed_config(ds_file, 1)))
     print(format_plan(plan, int(args.gpu_memory_gib * GIB)))
     return 0

@@ -16,7 +16,8 @@ def load_deepspeed_config(path: Path, micro_batch: int) -> dict:
     """Read a ds_configs/ JSON file, drop ``_comment`` keys and fill in the batch size."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"deepspeed_config {path} not found; use one of ds_configs/zero{{0,1,2,3}}[_bf16].json")
+        raise ConfigError(f"deepspeed_config {path} not found; name a shipped one (zero{{0,1,2,3}}[_bf16]) or a file "
+                          "of your own")
     try:
         config = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
     except json.JSONDecodeError as error:
