@@ -2,7 +2,8 @@
 copies, and a resume on another world size continues from exactly those masters.
 
 2 bf16 steps on 2 ranks, saved; 1 rank resumes (a reshard: the weights come from model.pt), checks
-its fp32 masters equal model.pt bit for bit, trains 2 more bf16 steps and saves again.  ZeRO-2 in
+its fp32 masters equal model.pt bit for bit, trains 2 more bf16 steps and saves again.  What the
+trainer's evaluation scores (``plain_model_from_engine``) is model.pt's network on every rank.  ZeRO-2 in
 ``make test``, ZeRO-3 (gathered partitions) in the slow run."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from torch import nn
 from tests.integration.test_backbone_optimizer_reshard import _global_batch, _latest, _model, _weights
 from trainer.engine.checkpoint import save_checkpoint
 from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, load_deepspeed_config
-from trainer.engine.engine_state import EngineState, load_engine
+from trainer.engine.engine_state import EngineState, load_engine, plain_model_from_engine
 from trainer.parallel import init_distributed
 from trainer.parallel.launch import spawn_local_workers
 
@@ -49,8 +50,13 @@ def _run(stage: int, steps: list[int], resume: str | None, save_to: str) -> None
         engine.step()
     save_checkpoint(Path(save_to), steps[-1] + 1, {"engine": EngineState(engine)}, dims, keep=1)
     masters = _masters(engine)
+    # What the trainer's evaluation scores, on every rank, is model.pt's network (fp32 masters)
+    evaluated = plain_model_from_engine(engine, _model()).state_dict()
+    saved = _weights(_latest(Path(save_to)))
+    assert evaluated.keys() == saved.keys()
+    for name, weight in saved.items():
+        assert torch.equal(evaluated[name], weight.to(evaluated[name].dtype)), f"rank {dims.rank}: evaluated {name}"
     if dims.rank == 0:
-        saved = _weights(_latest(Path(save_to)))
         for name, weight in masters.items():
             assert torch.equal(saved[name], weight), f"model.pt's {name} is not the fp32 master"
         rounded = [name for name, weight in saved.items() if torch.equal(weight, weight.bfloat16().float())]
