@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: install prometheus test test-all test-gpu demo ablate drill bench-classifier clean
+.PHONY: install prometheus lint test test-all test-gpu demo ablate drill bench-classifier clean
 
 $(INSTALLED): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,8 +25,12 @@ prometheus:
 
 # The default suite (what CI runs): every capability, multi-rank (gloo) cases included; the cases
 # marked slow repeat a capability at a heavier size and run only in `make test-all`.
-test: $(INSTALLED) prometheus
+test: $(INSTALLED) prometheus lint
 	$(BIN)/python -m pytest -m "not slow" --durations=15
+
+# pyflakes, pycodestyle errors and import order over the whole tree ([tool.ruff] in pyproject.toml).
+lint: $(INSTALLED)
+	$(BIN)/ruff check .
 
 # Every test, the slow repeats included.
 test-all: $(INSTALLED) prometheus

@@ -62,16 +62,22 @@ def _load(directory: Path, kind: str) -> tuple[Path, dict]:
     unknown = sorted(set(data) - FIELDS)
     if unknown:
         raise UnsupportedKustomization(
-            f"{path}: {', '.join(unknown)} is outside the subset k8s/render_overlay.py renders ({', '.join(sorted(FIELDS))}); "
-            "keep the kustomization within it, or implement the field there and let the kubectl comparison test prove it")
+            f"{path}: {', '.join(unknown)} is outside the subset k8s/render_overlay.py renders "
+            f"({', '.join(sorted(FIELDS))}); keep the kustomization within it, or implement the field there and let "
+            "the kubectl comparison test prove it"
+        )
     found = data.get("kind", "Kustomization")
     if found != kind:
         raise UnsupportedKustomization(f"{path}: kind {found}, expected a {kind} here")
     if kind == "Component" and "sortOptions" in data:
-        raise UnsupportedKustomization(f"{path}: sortOptions belongs to the top kustomization (kustomize ignores it here)")
+        raise UnsupportedKustomization(
+            f"{path}: sortOptions belongs to the top kustomization (kustomize ignores it here)"
+        )
     for image in data.get("images", []):
         if not isinstance(image, dict) or "name" not in image or set(image) - IMAGE_FIELDS:
-            raise UnsupportedKustomization(f"{path}: an images entry takes name and newName/newTag/digest, got {image!r}")
+            raise UnsupportedKustomization(
+                f"{path}: an images entry takes name and newName/newTag/digest, got {image!r}"
+            )
     return path, data
 
 
@@ -87,11 +93,14 @@ def _build(directory: Path, kind: str, objects: list[dict] | None = None) -> lis
             objects.extend(_build(target, "Kustomization"))
         elif target.is_file():
             # Through JSON: YAML aliases (&anchor / *anchor) become copies, as kustomize expands them.
-            objects.extend(json.loads(json.dumps(document)) for document in yaml.safe_load_all(target.read_text())
-                           if document)
+            objects.extend(
+                json.loads(json.dumps(document)) for document in yaml.safe_load_all(target.read_text()) if document
+            )
         else:
-            raise UnsupportedKustomization(f"{directory}: resource {entry!r} is neither a file nor a directory "
-                                           "(remote resources are outside the subset)")
+            raise UnsupportedKustomization(
+                f"{directory}: resource {entry!r} is neither a file nor a directory "
+                "(remote resources are outside the subset)"
+            )
     for entry in data.get("components", []):
         objects = _build(directory / entry, "Component", objects)
     for image in data.get("images", []):

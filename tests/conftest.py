@@ -37,9 +37,9 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from data_pipeline.shards import ShardSettings, write_shards  # noqa: E402
-from data_pipeline.file_sources import image_folder  # noqa: E402
-from data_pipeline.sources import sklearn_digits  # noqa: E402
+from data_pipeline.ingest.make_shards import ShardSettings, write_shards  # noqa: E402
+from data_pipeline.ingest.sources.files import image_folder  # noqa: E402
+from data_pipeline.ingest.sources.generated import sklearn_digits  # noqa: E402
 
 COLOR_IMAGES = 45
 
@@ -71,7 +71,12 @@ def color_folder(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def color_shards(color_folder, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("color_shards")
-    write_shards(image_folder(color_folder, labels=True), out, ShardSettings(prefix="colors", samples_per_shard=10), progress=False)
+    write_shards(
+        image_folder(color_folder, labels=True),
+        out,
+        ShardSettings(prefix="colors", samples_per_shard=10),
+        progress=False,
+    )
     return out
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 import ds_configs
-from data_pipeline.config import LoaderConfig
+from data_pipeline.contract import LoaderConfig
 from trainer.config_building import ConfigError, apply_overrides, build_dataclass
 from trainer.models import ModelConfig
 from trainer.objectives import ObjectiveConfig, default_objective_config

@@ -65,7 +65,9 @@ def reference_co2_pairs(global_features, weight, instance_ids, temperature):
     views, n, _ = global_features.shape
     num_rows = weight.shape[0]
     w = F.normalize(weight.double(), dim=1)
-    others = torch.stack([torch.cat([torch.arange(own), torch.arange(own + 1, num_rows)]) for own in instance_ids.tolist()])
+    others = torch.stack(
+        [torch.cat([torch.arange(own), torch.arange(own + 1, num_rows)]) for own in instance_ids.tolist()]
+    )
     log_probs = []
     for view in range(views):
         logits = F.normalize(global_features[view].double(), dim=1) @ w.t() / temperature

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
+from trainer.checkpoint.row_checkpoint import read_full_rows, read_metadata
 from trainer.drills.jobs import REPO, train_command
-from trainer.engine.row_checkpoint import read_full_rows, read_metadata
 
 __all__ = ["REPO", "train_command", "FAST", "run_train", "latest_checkpoint", "classifier_rows", "step_losses",
            "eval_knn", "replica_checks"]
@@ -26,7 +26,9 @@ def run_train(run_dir: Path, shards, nproc: int, overrides: list[str], resume: s
     result = subprocess.run(train_command(run_dir, shards, nproc, overrides, resume, config=config), cwd=cwd,
                             capture_output=True, text=True, timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1"))
     if result.returncode != 0:
-        raise AssertionError(f"training failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}")
+        raise AssertionError(
+            f"training failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+        )
     # output to a pipe or a file (a pod log) is plain lines: no bar redrawn with carriage returns
     assert "\r" not in result.stdout + result.stderr, result.stderr[-3000:]
     return result
@@ -49,8 +51,11 @@ def classifier_rows(checkpoint: Path) -> dict[str, torch.Tensor]:
         assert chunks[0][0] == 0 and chunks[-1][1] == entry.size[0], f"{key}: rows missing"
         for before, after in zip(chunks, chunks[1:]):
             assert before[1] == after[0], f"{key}: rows saved twice or not at all"
-    tables = {key: rows for key, rows in read_full_rows(folder).items()
-              if key in ("weight", "momentum", "hard_negatives", "rows")}
+    tables = {
+        key: rows
+        for key, rows in read_full_rows(folder).items()
+        if key in ("weight", "momentum", "hard_negatives", "rows")
+    }
     if "rows" in tables:  # pic keeps W and momentum side by side, [N, 2, D]
         rows = tables.pop("rows")
         tables["weight"], tables["momentum"] = rows[:, 0], rows[:, 1]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from data_pipeline.shards import ShardSettings, write_shards
-from data_pipeline.sources import sklearn_digits
+from data_pipeline.ingest.make_shards import ShardSettings, write_shards
+from data_pipeline.ingest.sources.generated import sklearn_digits
 
 
 @pytest.fixture(scope="session")

@@ -12,11 +12,11 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.engine.checkpoint import save_checkpoint
-from trainer.engine.checkpoint_files import complete_checkpoints
-from trainer.engine.engine_state import OPTIMIZER_FILE, EngineState, load_engine
+from trainer.checkpoint import save_checkpoint
+from trainer.checkpoint.checkpoint_files import complete_checkpoints
+from trainer.checkpoint.engine_state import OPTIMIZER_FILE, EngineState, load_engine
+from trainer.checkpoint.optimizer_state import full_optimizer_state
 from trainer.engine.deepspeed_setup import initialize_backbone, load_deepspeed_config
-from trainer.engine.optimizer_state import full_optimizer_state
 from trainer.parallel import init_distributed
 from trainer.parallel.launch import spawn_local_workers
 

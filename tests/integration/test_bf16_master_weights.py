@@ -16,9 +16,9 @@ from deepspeed.utils import safe_get_full_fp32_param
 from torch import nn
 
 from tests.integration.test_backbone_optimizer_reshard import _global_batch, _latest, _model, _weights
-from trainer.engine.checkpoint import save_checkpoint
+from trainer.checkpoint import save_checkpoint
+from trainer.checkpoint.engine_state import EngineState, load_engine, plain_model_from_engine
 from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, load_deepspeed_config
-from trainer.engine.engine_state import EngineState, load_engine, plain_model_from_engine
 from trainer.parallel import init_distributed
 from trainer.parallel.launch import spawn_local_workers
 

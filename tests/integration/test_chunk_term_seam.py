@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from tests.helpers.training import FAST, REPO, classifier_rows, latest_checkpoint
-from trainer.classifier.chunk_term import KernelPass
-from trainer.classifier.kernel import KernelSettings, sharded_cosine_ce_with_term
-from trainer.classifier.reductions import SampleColumns
+from trainer.classifier.kernel.chunked import KernelSettings, sharded_cosine_ce_with_term
+from trainer.classifier.kernel.reductions import SampleColumns
+from trainer.classifier.terms.chunk_term import KernelPass
 from trainer.objectives import InstanceConfig, register_objective
-from trainer.objectives.instance import InstanceObjective
+from trainer.objectives.instance.objective import InstanceObjective
 from trainer.parallel.launch import spawn_local_workers
 
 LOG2_E = math.log2(math.e)

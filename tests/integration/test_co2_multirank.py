@@ -15,13 +15,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from data_pipeline.sampler import StepIndices
+from data_pipeline.loading.samplers.base import StepIndices
+from data_pipeline.loading.view_layout import ViewLayout
 from tests.helpers.reference import random_hard_negatives, reference_co2_pairs, reference_co2_per_view, reference_loss
 from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
-from data_pipeline.view_layout import ViewLayout
-from trainer.classifier.consistency import ConsistencySettings, ConsistencyTerm
-from trainer.classifier.kernel import KernelSettings, sharded_cosine_ce_with_term
-from trainer.classifier.module import gaussian_rows
+from trainer.classifier.kernel.chunked import KernelSettings, sharded_cosine_ce_with_term
+from trainer.classifier.sharded_classifier import gaussian_rows
+from trainer.classifier.terms.co2 import ConsistencySettings, ConsistencyTerm
 from trainer.engine.schedule import set_lr
 from trainer.objectives import ObjectiveContext, OptimSettings, PicConfig, StepViews, View, build_objective
 from trainer.parallel import init_distributed
@@ -111,7 +111,8 @@ def test_fused_term_matches_the_full_distributions(ranks):
     spawn_local_workers(_check_kernel, ranks, 3, 2)  # two global views and a small crop, which takes no part
 
 
-@pytest.mark.slow  # two global views (the default) are checked exactly by test_fused_term_matches_the_full_distributions
+# two global views (the default) are checked exactly by test_fused_term_matches_the_full_distributions
+@pytest.mark.slow
 def test_three_global_views_average_over_their_pairs():
     spawn_local_workers(_check_kernel, 2, 3, 3)
 
@@ -130,19 +131,32 @@ def _check_classifier_total_loss():
     image_ids = torch.randperm(NUM_ROWS, generator=generator)[:images]
     valid = torch.ones(images, dtype=torch.bool)
     valid[-1] = False  # the last image is a padding repeat: it counts in neither term
-    config = ClassifierConfig(num_classes=NUM_ROWS, feature_dim=DIM, temperature=TAU, chunk_size=5, init_std=1.0,
-                              co2_alpha=ALPHA, co2_temperature=TAU_CON)
+    config = ClassifierConfig(
+        num_classes=NUM_ROWS,
+        feature_dim=DIM,
+        temperature=TAU,
+        chunk_size=5,
+        init_std=1.0,
+        co2_alpha=ALPHA,
+        co2_temperature=TAU_CON,
+    )
     classifier = ShardedCosineClassifier(config, dims, ViewLayout(("global", "global", "small"), (32, 32, 16)))
     mine = slice(rank * LOCAL, (rank + 1) * LOCAL)
     local = features[:, mine].clone().requires_grad_()
-    loss = classifier(local.reshape(-1, DIM), image_ids[mine].repeat(3), valid=valid[mine].repeat(3),
-                      global_valid=int(valid.sum()) * 3)
+    loss = classifier(
+        local.reshape(-1, DIM),
+        image_ids[mine].repeat(3),
+        valid=valid[mine].repeat(3),
+        global_valid=int(valid.sum()) * 3,
+    )
     loss.backward()
 
     weight = gaussian_rows(0, NUM_ROWS, DIM, 1.0, config.init_seed).double().requires_grad_()
     x_ref = features.double().requires_grad_()
     kept = valid.nonzero().squeeze(1)
-    instance = reference_loss(x_ref[:, kept].reshape(-1, DIM), weight, image_ids[kept].repeat(3), None, 0.0, TAU, "paper")
+    instance = reference_loss(
+        x_ref[:, kept].reshape(-1, DIM), weight, image_ids[kept].repeat(3), None, 0.0, TAU, "paper"
+    )
     co2 = reference_co2_pairs(x_ref[:2, kept], weight, image_ids[kept], TAU_CON).mean()
     reference = instance + ALPHA * co2
     reference.backward()
@@ -170,9 +184,10 @@ def _pic_step(objective, dims, step, ids, features):
     mine = slice(dims.rank * local, (dims.rank + 1) * local)
     views = [View(features[v, mine].clone().requires_grad_(), "global", v) for v in range(2)]
     indices = StepIndices(ids=ids.reshape(dims.world_size, -1), valid=np.ones((dims.world_size, local), dtype=bool))
-    step_views = StepViews(views, torch.from_numpy(ids[mine]), torch.ones(local, dtype=torch.bool), ids.size, 0, step,
-                           plan=indices)
-    optimizer, = objective.optimizers()
+    step_views = StepViews(
+        views, torch.from_numpy(ids[mine]), torch.ones(local, dtype=torch.bool), ids.size, 0, step, plan=indices
+    )
+    (optimizer,) = objective.optimizers()
     loss = objective.loss(step_views).loss
     loss.backward()
     objective.after_backward()
@@ -184,11 +199,24 @@ def _pic_step(objective, dims, step, ids, features):
 
 def _check_pic_step():
     dims = init_distributed()
-    config = PicConfig(temperature=PIC_TAU, chunk_size=3, queue_size=QUEUE, init_std=1.0, row_dtype="float64",
-                       prefetch=False, co2_alpha=ALPHA, co2_temperature=TAU_CON)
-    context = ObjectiveContext(dims=dims, num_instances=NUM_ROWS, feature_dim=DIM, seed=2,
-                               optim=OptimSettings(momentum=0.9, weight_decay=0.0),
-                               views=ViewLayout(("global", "global"), (32, 32)))
+    config = PicConfig(
+        temperature=PIC_TAU,
+        chunk_size=3,
+        queue_size=QUEUE,
+        init_std=1.0,
+        row_dtype="float64",
+        prefetch=False,
+        co2_alpha=ALPHA,
+        co2_temperature=TAU_CON,
+    )
+    context = ObjectiveContext(
+        dims=dims,
+        num_instances=NUM_ROWS,
+        feature_dim=DIM,
+        seed=2,
+        optim=OptimSettings(momentum=0.9, weight_decay=0.0),
+        views=ViewLayout(("global", "global"), (32, 32)),
+    )
     objective = build_objective(config, context)
     set_lr(objective.optimizers()[0], 0.0)
     generator = np.random.default_rng(5)
@@ -211,9 +239,13 @@ def _check_pic_step():
     torch.testing.assert_close(loss.double(), reference.detach(), atol=1e-5, rtol=1e-6, msg=label)
     local = BATCH // size
     for view in views:
-        torch.testing.assert_close(view.features.grad.double() / size,
-                                   x_ref.grad[view.index, dims.rank * local : (dims.rank + 1) * local],
-                                   atol=2e-5, rtol=1e-5, msg=label)
+        torch.testing.assert_close(
+            view.features.grad.double() / size,
+            x_ref.grad[view.index, dims.rank * local : (dims.rank + 1) * local],
+            atol=2e-5,
+            rtol=1e-5,
+            msg=label,
+        )
     shard = objective.shard
     owned = (sampled >= shard.class_start) & (sampled < shard.class_end)
     torch.testing.assert_close(leaf_grad.double(), rows.grad[torch.from_numpy(owned)], atol=2e-5, rtol=1e-5, msg=label)

@@ -27,7 +27,9 @@ def test_sweep_finds_both_limits_and_writes_table_csv_and_plot(tmp_path, capsys)
     # The cap limits *address space* above the warmed-up process; resident memory can also grow into
     # space mapped before the cap (allocator arenas, freed warm-up blocks), so a point that fits may
     # sit a little above the cap in RSS (measured up to 0.98x here, and above 1x once under load).
-    assert all(int(r["peak_above_baseline_bytes"]) <= 1.1 * CAP_GIB * GIB for r in ok), "a point that fit exceeded the cap"
+    assert all(int(r["peak_above_baseline_bytes"]) <= 1.1 * CAP_GIB * GIB for r in ok), (
+        "a point that fit exceeded the cap"
+    )
     for mode, fit in (("ddp", ddp), ("dhp", dhp)):
         # The planner's boundary lies between the largest N that trained and the first that failed
         # (the sweep brackets it to 25%; the planner may be a little conservative).

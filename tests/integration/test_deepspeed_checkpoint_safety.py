@@ -6,8 +6,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from trainer.checkpoint.safe_load import refuse_pickled_code
 from trainer.engine.deepspeed_setup import initialize_backbone, load_deepspeed_config
-from trainer.engine.safe_load import refuse_pickled_code
 from trainer.models import ModelConfig, build_model
 from trainer.parallel import init_distributed
 from trainer.parallel.launch import spawn_local_workers

@@ -9,14 +9,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from data_pipeline.config import LoaderConfig
-from data_pipeline.loader import build_loader
-from data_pipeline.augment import AugmentConfig
+from data_pipeline.loading.augment.augment_config import AugmentConfig
+from data_pipeline.loading.loader import build_loader
+from data_pipeline.loading.loader_config import LoaderConfig
 from tests.helpers.reference import reference_loss
 from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
 from trainer.engine.deepspeed_setup import initialize_backbone, load_deepspeed_config
-from trainer.objectives.instance import contrastive_prior
 from trainer.models import ModelConfig, build_model
+from trainer.objectives.instance.objective import contrastive_prior
 from trainer.parallel import init_distributed
 from trainer.parallel.collectives import gather_rows
 from trainer.parallel.launch import spawn_local_workers
@@ -92,7 +92,9 @@ def _one_step_matches_single_process(ds_config_path):
         for name, p in engine.module.named_parameters():
             torch.testing.assert_close(p.detach().float(), dict(reference.named_parameters())[name].detach(),
                                        atol=1e-6, rtol=1e-5, msg=f"backbone {name} on rank {dims.rank}")
-    torch.testing.assert_close(_full_weight(classifier, dims), (w_start - LR * weight.grad).float(), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        _full_weight(classifier, dims), (w_start - LR * weight.grad).float(), atol=1e-6, rtol=1e-5
+    )
 
 
 def deepspeed_gathered(engine):

@@ -9,8 +9,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from tests.helpers.reference import random_hard_negatives, reference_grads
-from trainer.classifier.kernel import KernelSettings, sharded_cosine_ce
-from trainer.classifier.reductions import SampleColumns, reduce_over_ranks
+from trainer.classifier.kernel.chunked import KernelSettings, sharded_cosine_ce
+from trainer.classifier.kernel.reductions import SampleColumns, reduce_over_ranks
 from trainer.parallel import init_distributed
 from trainer.parallel.launch import spawn_local_workers
 

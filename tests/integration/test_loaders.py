@@ -14,13 +14,13 @@ import torch
 import webdataset as wds
 from PIL import Image
 
-from data_pipeline.augment import IMAGENET_MEAN, IMAGENET_STD, AugmentConfig
-from data_pipeline.config import LoaderConfig
-from data_pipeline.loader import build_loader
-from data_pipeline.manifest import ShardManifest
-from data_pipeline.sampler import EpochPermutationSampler
-from data_pipeline.shards import decode_int64
-from data_pipeline.step_inputs import StepReader
+from data_pipeline.ingest.make_shards import decode_int64
+from data_pipeline.loading.augment.augment_config import IMAGENET_MEAN, IMAGENET_STD, AugmentConfig
+from data_pipeline.loading.loader import build_loader
+from data_pipeline.loading.loader_config import LoaderConfig
+from data_pipeline.loading.sample_reader import StepReader
+from data_pipeline.loading.samplers.epoch_permutation import EpochPermutationSampler
+from data_pipeline.shardset.manifest import ShardManifest
 
 CPU = torch.device("cpu")
 BACKENDS = ["dali", "torch"]
@@ -167,14 +167,17 @@ def test_both_backends_read_the_same_samples_and_apply_the_same_parameters(digit
         assert ours.step == theirs.step and ours.global_valid == theirs.global_valid
         params = [loaders[b].reader.read(2, ours.step).views for b in BACKENDS]
         for a, b in zip(*params, strict=True):
-            assert all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("crop", "flip", "colour", "blur", "sigma", "window"))
+            fields = ("crop", "flip", "colour", "blur", "sigma", "window")
+            assert all(np.array_equal(getattr(a, f), getattr(b, f)) for f in fields)
         # Same parameters, different decoder and resampler arithmetic: under a grey level on average.
         for a, b in zip(ours.views, theirs.views, strict=True):
             gap = (a - b).abs()
             assert gap.mean() < 0.02 and gap.flatten().quantile(0.99) < 0.2, (gap.mean(), gap.max())
     config = LoaderConfig(batch_size=64, num_threads=1, augment=AugmentConfig(image_size=28))
-    dali, fallback = (next(build_loader(digits_shards, replace(config, backend=b), 0, 1, CPU, train=False)
-                           .epoch_batches(0)) for b in BACKENDS)
+    dali, fallback = (
+        next(build_loader(digits_shards, replace(config, backend=b), 0, 1, CPU, train=False).epoch_batches(0))
+        for b in BACKENDS
+    )
     assert torch.equal(dali.labels, fallback.labels) and torch.equal(dali.instance_ids, fallback.instance_ids)
     assert (dali.views[0] - fallback.views[0]).abs().mean() < 0.02
 
@@ -194,12 +197,12 @@ def _break_sample(shard_dir, how):
     blob = bytearray(tar_path.read_bytes())
     start = member.offset_data
     if how == "no image header":
-        blob[start:start + 16] = bytes(16)
+        blob[start : start + 16] = bytes(16)
     elif how == "bad huffman table":  # the header still parses; only decoding fails
         counts = start + jpeg.index(b"\xff\xc4") + 5
-        blob[counts:counts + 16] = bytes([255] * 16)
+        blob[counts : counts + 16] = bytes([255] * 16)
     else:  # a tar cut inside the image
-        blob = blob[:start + 10]
+        blob = blob[: start + 10]
     tar_path.write_bytes(bytes(blob))
     return f"{tar_path.name} key {member.name.split('.')[0]}"
 
@@ -219,13 +222,15 @@ def test_a_bad_sample_is_named_by_shard_and_key(color_shards, tmp_path, backend,
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("how", ["no image header", "truncated tar"])
 def test_with_on_bad_sample_skip_a_bad_sample_is_not_valid_and_named_and_the_rest_is_unchanged(
-        color_shards, tmp_path, backend, how):
+    color_shards, tmp_path, backend, how
+):
     shard_dir = tmp_path / "shards"
     shutil.copytree(color_shards, shard_dir)
     where = _break_sample(shard_dir, how)
     bad_id = int(where.split(" key ")[1])
-    config = LoaderConfig(batch_size=8, backend=backend, num_threads=1, augment=AugmentConfig(image_size=16),
-                          on_bad_sample="skip")
+    config = LoaderConfig(
+        batch_size=8, backend=backend, num_threads=1, augment=AugmentConfig(image_size=16), on_bad_sample="skip"
+    )
     intact = build_loader(color_shards, replace(config, on_bad_sample="stop"), 0, 1, CPU, train=True)
     damaged = build_loader(shard_dir, config, 0, 1, CPU, train=True)
     skipped = []
@@ -260,13 +265,16 @@ def test_dali_builds_one_pipeline_per_loader_and_a_reused_one_reads_like_a_new_o
 
 
 def test_a_training_set_smaller_than_one_global_batch_is_refused_with_the_fix(tmp_path):
-    from data_pipeline.shards import ShardSettings, write_shards
-    from data_pipeline.sources import synthetic
+    from data_pipeline.ingest.make_shards import ShardSettings, write_shards
+    from data_pipeline.ingest.sources.generated import synthetic
 
     write_shards(synthetic(20, 16), tmp_path, ShardSettings(), progress=False)
     config = LoaderConfig(batch_size=64, backend="torch", num_threads=1, augment=AugmentConfig(image_size=16))
-    with pytest.raises(ValueError, match=rf"{tmp_path} holds 20 samples, fewer than one global batch \(data.loader."
-                                         r"batch_size 64 x 2 ranks = 128\): set data.loader.batch_size to at most 10"):
+    with pytest.raises(
+        ValueError,
+        match=rf"{tmp_path} holds 20 samples, fewer than one global batch \(data.loader."
+        r"batch_size 64 x 2 ranks = 128\): set data.loader.batch_size to at most 10",
+    ):
         build_loader(tmp_path, config, 0, 2, CPU, train=True)
     assert len(build_loader(tmp_path, config, 0, 2, CPU, train=False)) == 1, "an evaluation set may be small"
     assert len(build_loader(tmp_path, replace(config, batch_size=10), 0, 2, CPU, train=True)) == 1

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from trainer.engine.checkpoint import load_component, save_component
+from trainer.checkpoint.components import load_component, save_component
 from trainer.engine.schedule import set_lr
 from trainer.objectives import InstanceConfig, ObjectiveContext, OptimSettings, StepViews, View, build_objective
 from trainer.parallel import init_distributed
@@ -87,7 +87,9 @@ def _load_and_continue(folder: str) -> None:
     full = _full_state(objective, dims)
     reference = torch.load(f"{folder}/reference.pt", weights_only=True)
     for key in reference:
-        torch.testing.assert_close(full[key], reference[key], atol=1e-6, rtol=0, msg=f"{key} on {dims.world_size} ranks")
+        torch.testing.assert_close(
+            full[key], reference[key], atol=1e-6, rtol=0, msg=f"{key} on {dims.world_size} ranks"
+        )
 
 
 @pytest.mark.parametrize("new_world_size", [1, 3])

@@ -16,9 +16,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.helpers.training import FAST, REPO
-from trainer.engine.row_checkpoint import read_full_rows
+from trainer.checkpoint.row_checkpoint import read_full_rows
 from trainer.objectives import (
-    LossOut, Objective, ObjectiveConfig, ShardedRows, average_gradients, register_objective,
+    LossOut,
+    Objective,
+    ObjectiveConfig,
+    ShardedRows,
+    average_gradients,
+    register_objective,
 )
 from trainer.parallel.launch import spawn_local_workers
 

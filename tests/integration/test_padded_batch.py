@@ -44,7 +44,9 @@ def _check(classifier_parallel_size):
     mine = slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
     full_weight = gaussian_rows(0, NUM_CLASSES, DIM, std=1.0, seed=0)
     # The reference never sees the padding: the mean over the valid samples only.
-    _, grad_x, grad_w = reference_grads(features_all[valid_all], full_weight, ids_all[valid_all], None, 0.0, TAU, "paper")
+    _, grad_x, grad_w = reference_grads(
+        features_all[valid_all], full_weight, ids_all[valid_all], None, 0.0, TAU, "paper"
+    )
     expected_grad_x = torch.zeros(features_all.shape, dtype=torch.float64)
     expected_grad_x[valid_all] = grad_x
     modes = ["dhp", "ddp"] if classifier_parallel_size is None else ["dhp"]
@@ -53,8 +55,11 @@ def _check(classifier_parallel_size):
             continue
         label = f"rank {rank} {mode} chunk={chunk} in_backward={in_backward}"
         classifier = ShardedCosineClassifier(
-            ClassifierConfig(num_classes=NUM_CLASSES, feature_dim=DIM, temperature=TAU, chunk_size=chunk, mode=mode,
-                             init_std=1.0), dims)
+            ClassifierConfig(
+                num_classes=NUM_CLASSES, feature_dim=DIM, temperature=TAU, chunk_size=chunk, mode=mode, init_std=1.0
+            ),
+            dims,
+        )
         if in_backward:
             optimizer = classifier.use_in_backward_sgd(LR, MOMENTUM, WD)
         else:
@@ -67,12 +72,18 @@ def _check(classifier_parallel_size):
 
         rows = slice(classifier.class_start, classifier.class_start + classifier.num_classes_local)
         # Backbone gradients are averaged over all ranks afterwards, hence the factor world.
-        torch.testing.assert_close(features.grad.double(), expected_grad_x[mine] * world, atol=1e-6, rtol=0,
-                                   msg=f"feature grad, {label}")
+        torch.testing.assert_close(
+            features.grad.double(), expected_grad_x[mine] * world, atol=1e-6, rtol=0, msg=f"feature grad, {label}"
+        )
         assert torch.all(features.grad[~valid_all[mine]] == 0), f"padding got a gradient, {label}"
         weight, momentum = _sgd(full_weight.double(), grad_w, torch.zeros_like(grad_w))
-        torch.testing.assert_close(classifier.weight.detach().double(), weight[rows], atol=1e-6, rtol=0,
-                                   msg=f"weight after the update, {label}")
+        torch.testing.assert_close(
+            classifier.weight.detach().double(),
+            weight[rows],
+            atol=1e-6,
+            rtol=0,
+            msg=f"weight after the update, {label}",
+        )
         buffer = optimizer.state[classifier.weight]["momentum_buffer"]
         torch.testing.assert_close(buffer.double(), momentum[rows], atol=1e-6, rtol=0, msg=f"momentum, {label}")
 

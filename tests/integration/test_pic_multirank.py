@@ -20,11 +20,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from data_pipeline.sampler import StepIndices
-from data_pipeline.view_layout import ViewLayout
-from trainer.classifier.module import gaussian_rows
-from trainer.engine.checkpoint import load_component, save_component
-from trainer.engine.row_checkpoint import read_full_rows
+from data_pipeline.loading.samplers.base import StepIndices
+from data_pipeline.loading.view_layout import ViewLayout
+from trainer.checkpoint.components import load_component, save_component
+from trainer.checkpoint.row_checkpoint import read_full_rows
+from trainer.classifier.sharded_classifier import gaussian_rows
 from trainer.engine.schedule import LRSchedule, set_lr
 from trainer.objectives import ObjectiveContext, OptimSettings, PicConfig, StepViews, View, build_objective
 from trainer.parallel import init_distributed

@@ -9,7 +9,7 @@ from torch import nn
 from trainer.engine.replicated_state import diverged_entries, replicated_digests
 from trainer.models import ModelConfig
 from trainer.parallel import init_distributed
-from trainer.parallel.batch_norm import apply_batch_norm_mode, average_running_statistics, running_statistics
+from trainer.parallel.batch_norm import apply_batch_norm_mode, averaged_running_statistics, running_statistics
 from trainer.parallel.launch import spawn_local_workers
 from trainer.parallel.sharded_state import ShardedRows
 
@@ -35,8 +35,8 @@ def _check_running_statistics_and_digests():
     generator = torch.Generator().manual_seed(10 + dims.rank)  # each rank its own batches
     for _ in range(3):
         model(torch.randn(6, 3, 8, 8, generator=generator) * (1 + dims.rank))
-    before = [t.clone() for t in running_statistics(model)]
-    assert len(before) == 4
+    before = [t.clone() for t in running_statistics(model).values()]
+    assert list(running_statistics(model)) == ["1.running_mean", "1.running_var", "4.running_mean", "4.running_var"]
     every_rank = [[torch.empty_like(t) for _ in range(dims.world_size)] for t in before]
     for gathered, mine in zip(every_rank, before):
         dist.all_gather(gathered, mine, group=group)
@@ -53,13 +53,18 @@ def _check_running_statistics_and_digests():
     drifted = diverged_entries(digests(model), dims.control_group)
     assert drifted == ["model.1.running_mean", "model.1.running_var", "model.4.running_mean", "model.4.running_var"]
 
-    spread = average_running_statistics(model, group)
+    averaged, spread = averaged_running_statistics(model, group)
     assert spread == pytest.approx(expected_spread, rel=1e-6)
-    for gathered, averaged in zip(every_rank, running_statistics(model)):
-        torch.testing.assert_close(averaged, torch.stack(gathered).double().mean(0).float(), rtol=1e-6, atol=1e-7)
-    assert diverged_entries(digests(model), dims.control_group) == []
+    for gathered, average in zip(every_rank, averaged.values()):
+        torch.testing.assert_close(average, torch.stack(gathered).double().mean(0).float(), rtol=1e-6, atol=1e-7)
+    for own, now in zip(before, running_statistics(model).values()):
+        assert torch.equal(own, now)  # each rank keeps its own: the average is what is saved and scored
+    # Every rank holds the same average; with the per-rank statistics left out the rest agrees.
+    agreed = replicated_digests(model, {}, parameters_whole=True, per_rank_buffers=set(averaged), network=averaged)
+    assert "network.1.running_mean" in agreed and "model.1.running_mean" not in agreed
+    assert diverged_entries(agreed, dims.control_group) == []
     # A planted difference in a plain value is named; so is a name only one rank has.
-    planted = digests(model)
+    planted = agreed | {k: v for k, v in digests(model).items() if k.startswith("objective")}
     planted["objective.count"] = planted["objective.count"] + str(dims.rank)
     if dims.rank == 1:
         planted["objective.extra"] = "x"

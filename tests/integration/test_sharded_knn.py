@@ -183,7 +183,7 @@ def _extract_shares(config_path, shards, out_dir):
 
 
 def test_each_rank_keeps_only_its_share_of_the_bank(digits_split, tmp_path):
-    from data_pipeline.sample_table import sample_table
+    from data_pipeline.shardset.sample_table import sample_table
     from tests.integration.conftest import REPO
 
     world = 2

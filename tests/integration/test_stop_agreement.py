@@ -19,7 +19,7 @@ def _train(run_dir: str, shards: dict) -> None:
     import torch.distributed as real_dist
 
     from trainer.config import load_job_config
-    from trainer.engine import preemption
+    from trainer.engine import stop_conditions as preemption
     from trainer.engine.trainer import Trainer
     from trainer.parallel import init_distributed
 

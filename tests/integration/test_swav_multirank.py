@@ -16,10 +16,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from trainer.engine.checkpoint import load_component, save_component
+from trainer.checkpoint.components import load_component, save_component
 from trainer.engine.schedule import set_lr
 from trainer.objectives import ObjectiveContext, OptimSettings, StepViews, SwavConfig, View, build_objective
-from trainer.objectives.sinkhorn import distributed_sinkhorn
+from trainer.objectives.swav.sinkhorn import distributed_sinkhorn
 from trainer.parallel import init_distributed
 from trainer.parallel.launch import spawn_local_workers
 
@@ -92,7 +92,9 @@ def _step(objective, dims, step, lr=0.5):
     optimizer, = objective.optimizers()
     set_lr(optimizer, lr)
     local = BATCH // dims.world_size
-    loss = objective.loss(StepViews(views, torch.arange(local), torch.ones(local, dtype=torch.bool), BATCH, 0, step)).loss
+    loss = objective.loss(
+        StepViews(views, torch.arange(local), torch.ones(local, dtype=torch.bool), BATCH, 0, step)
+    ).loss
     loss.backward()
     objective.after_backward()
     optimizer.step()
@@ -132,8 +134,9 @@ def _check_loss_and_gradients():
     dist.all_reduce(mean_loss)
     torch.testing.assert_close(mean_loss.double() / dims.world_size, reference.detach(), rtol=1e-6, atol=1e-6)
     for view in views:  # each rank's loss is world x its share: the engine averages the backbone's gradients
-        torch.testing.assert_close(view.features.grad.double() / dims.world_size,
-                                   _mine(features.grad[view.index], dims), rtol=0, atol=1e-6)
+        torch.testing.assert_close(
+            view.features.grad.double() / dims.world_size, _mine(features.grad[view.index], dims), rtol=0, atol=1e-6
+        )
     momentum = objective.optimizer.state[objective.prototypes]["momentum_buffer"]  # = averaged grad + wd * C
     expected = prototypes.grad + 1e-4 * prototypes.detach()
     torch.testing.assert_close(momentum.double(), expected, rtol=0, atol=1e-6)

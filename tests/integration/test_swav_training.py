@@ -10,7 +10,7 @@ import torch
 
 from tests.helpers.training import FAST, eval_knn, latest_checkpoint, replica_checks, run_train, step_losses
 from tests.integration.test_training import assert_same_training_state
-from trainer.engine.row_checkpoint import read_full_rows
+from trainer.checkpoint.row_checkpoint import read_full_rows
 from trainer.observability.report import RunLogs
 
 SWAV = "swav_demo_cpu.yaml"

@@ -11,12 +11,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.helpers.training import (FAST, REPO, classifier_rows, latest_checkpoint, replica_checks, run_train,
-                                   step_losses, train_command)
+from tests.helpers.training import (
+    FAST,
+    REPO,
+    classifier_rows,
+    latest_checkpoint,
+    replica_checks,
+    run_train,
+    step_losses,
+    train_command,
+)
 from trainer.drills.jobs import TORCHRUN
-from trainer.parallel.launch import free_port
 from trainer.exit_codes import ExitCode
 from trainer.observability.report import RunLogs
+from trainer.parallel.launch import free_port
 
 
 def assert_same_training_state(a, b):
@@ -83,8 +91,16 @@ def test_resharding_2_to_1_to_2_continues_the_same_training(digits_split, tmp_pa
     back_on_two, reference_11 = latest_checkpoint(resharded), latest_checkpoint(reference)
     assert back_on_two.name == reference_11.name == "step_000000011"
 
-    rows = {name: classifier_rows(path) for name, path in
-            (("start", original), ("one", on_one), ("ref8", reference_8), ("two", back_on_two), ("ref11", reference_11))}
+    rows = {
+        name: classifier_rows(path)
+        for name, path in (
+            ("start", original),
+            ("one", on_one),
+            ("ref8", reference_8),
+            ("two", back_on_two),
+            ("ref11", reference_11),
+        )
+    }
     for mine, theirs in (("one", "ref8"), ("two", "ref11")):
         assert torch.equal(rows[mine]["hard_negatives"], rows["start"]["hard_negatives"])
         for key in ("weight", "momentum"):
@@ -98,8 +114,11 @@ def test_in_backward_update_and_logits_cache_train_like_the_plain_step(digits_sp
     the plain step, up to float rounding.  Two steps: this small-batch BatchNorm network amplifies
     rounding chaotically after that (measured: a chunk size of 256 instead of 4096, which changes
     nothing but rounding, moves the backbone by 6e-3 at step 3 while rows agree to 1e-7 at step 2)."""
-    settings = {"plain": [], "in_backward": ["objective.update_in_backward=true"],
-                "cached": ["objective.logits_cache_bytes=100000000"]}
+    settings = {
+        "plain": [],
+        "in_backward": ["objective.update_in_backward=true"],
+        "cached": ["objective.logits_cache_bytes=100000000"],
+    }
     rows = {}
     for name, extra in settings.items():
         run_train(tmp_path / name, digits_split, 2, FAST + ["max_steps=2", *extra])
@@ -122,8 +141,12 @@ def _assert_evaluated_on_schedule_and_summarised(run_dir, result, epochs: int, e
     assert "linear_trained" not in evals[0] and 0.5 < final["linear_trained"] <= 1.0
     assert sorted(final["linear_curve"], key=float) == ["0.1", "0.25", "0.5", "1.0"]
     assert final["linear_curve"]["1.0"] == final["linear_trained"]  # the full-label point is the probe itself
-    summaries = [json.loads(line) for rank in (0, 1) for line in
-                 (run_dir / "logs" / f"rank-{rank:05d}.jsonl").read_text().splitlines() if '"summary"' in line]
+    summaries = [
+        json.loads(line)
+        for rank in (0, 1)
+        for line in (run_dir / "logs" / f"rank-{rank:05d}.jsonl").read_text().splitlines()
+        if '"summary"' in line
+    ]
     steps = 12 * epochs  # 1,438 digits in global batches of 128
     assert [(s["epochs"], s["steps"], s["images"]) for s in summaries] == [(epochs, steps, steps * 64)] * 2, summaries
     assert all(s["peak_memory_bytes"] > 100 << 20 for s in summaries)  # a ResNet-18 rank holds >100 MiB
@@ -134,17 +157,30 @@ def _assert_evaluated_on_schedule_and_summarised(run_dir, result, epochs: int, e
 def test_training_evaluates_on_schedule_and_summarises(digits_split, tmp_path):
     """The evaluation schedule and the run's summaries in a short run; whether it learns is held by
     the slow tests below and on the digit scenes."""
-    result = run_train(tmp_path, digits_split, 2, ["optim.epochs=3", "eval.knn_at_end=true", "eval.every_epochs=1",
-                                                   "eval.linear_at_end=true", "logging.progress=true",
-                                                   "logging.progress_every_s=0"])
+    result = run_train(
+        tmp_path,
+        digits_split,
+        2,
+        [
+            "optim.epochs=3",
+            "eval.knn_at_end=true",
+            "eval.every_epochs=1",
+            "eval.linear_at_end=true",
+            "logging.progress=true",
+            "logging.progress_every_s=0",
+        ],
+    )
     _assert_evaluated_on_schedule_and_summarised(tmp_path, result, epochs=3, every=1)
     # Output to a pipe, as in a pod log: plain progress lines, one per log step, no carriage returns,
     # and none of the warnings every run used to print.
     output = result.stdout + result.stderr
     assert "\r" not in output
     progress = [line for line in result.stdout.splitlines() if re.match(r"\[instcls\] epoch \d+ step \d+/12 ", line)]
-    logged = [json.loads(line) for line in (tmp_path / "logs" / "rank-00000.jsonl").read_text().splitlines()
-              if '"event": "step"' in line]
+    logged = [
+        json.loads(line)
+        for line in (tmp_path / "logs" / "rank-00000.jsonl").read_text().splitlines()
+        if '"event": "step"' in line
+    ]
     assert [int(re.search(r"\(run (\d+)/36\)", line)[1]) for line in progress] == [r["step"] for r in logged]
     assert all(f"loss {r['loss']:.4f}" in line for r, line in zip(logged, progress))
     assert "Warning" not in output and "Setting accelerator" not in output, output[-3000:]
@@ -156,8 +192,13 @@ def test_training_learns_and_beats_random_init_knn(digits_split, tmp_path):
     +2.5 and +2.5 points (seeds 0-2, measured on one machine; 9 to 16 of 359 held-out images), so
     the floor is "above", one image.  The wide-margin learning floors are on the digit scenes
     (test_demo.py, test_swav_training.py).  Slow: two minutes, most of `make test`'s longest case."""
-    result = run_train(tmp_path, digits_split, 2, ["eval.knn_at_end=true", "eval.every_epochs=5",
-                                                   "eval.linear_at_end=true"], timeout=900)
+    result = run_train(
+        tmp_path,
+        digits_split,
+        2,
+        ["eval.knn_at_end=true", "eval.every_epochs=5", "eval.linear_at_end=true"],
+        timeout=900,
+    )
     losses = step_losses(tmp_path)
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5, losses
     final = _assert_evaluated_on_schedule_and_summarised(tmp_path, result, epochs=15, every=5)
@@ -169,11 +210,17 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(
     poisoned model (torchrun alone would say 1, as for any crash): Kubernetes must not retry it."""
     run_train(tmp_path, digits_split, 2, FAST + ["max_steps=4"])
     good = latest_checkpoint(tmp_path)
-    command = train_command(tmp_path, digits_split, 2, FAST + ["optim.base_lr=1e30", "logging.log_every=1",
-                                                               "checkpoint.every_steps=1"], resume="auto",
-                            launcher=[sys.executable, "-m", "trainer.cli", "launch"])
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    command = train_command(
+        tmp_path,
+        digits_split,
+        2,
+        FAST + ["optim.base_lr=1e30", "logging.log_every=1", "checkpoint.every_steps=1"],
+        resume="auto",
+        launcher=[sys.executable, "-m", "trainer.cli", "launch"],
+    )
+    result = subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1")
+    )
     assert result.returncode == ExitCode.NONFINITE_LOSS, result.stderr[-3000:]
     message = result.stderr.split("the loss or the parameters became NaN or inf by step ")[1]
     bad_step = int(message.split(";")[0])
@@ -200,8 +247,11 @@ def _eval_command(protocol: str, checkpoint, settings: list[str], features_out=N
 
 def _printed(out: str, name) -> tuple[float, str]:
     """(accuracy in [0, 1], held-out features digest) of `instcls eval`'s line about ``name``."""
-    found = re.search(rf"accuracy of {re.escape(str(name))}: [0-9.]+% \(([0-9.e-]+); held-out features digest "
-                      r"([0-9a-f]{16})\)", out)
+    found = re.search(
+        rf"accuracy of {re.escape(str(name))}: [0-9.]+% \(([0-9.e-]+); held-out features digest "
+        r"([0-9a-f]{16})\)",
+        out,
+    )
     assert found, out
     return float(found.group(1)), found.group(2)
 
@@ -209,7 +259,8 @@ def _printed(out: str, name) -> tuple[float, str]:
 def test_eval_commands_score_a_checkpoint_as_the_trainer_did(digits_split, tmp_path, capsys):
     """One network, one score.  Two ranks train with per-rank BatchNorm (model.batch_norm: local),
     so their running statistics drift apart; before each save and evaluation the trainer averages
-    them, and every state the ranks should hold alike is compared across ranks and logged.  Then
+    them into the network that model.pt holds and every rank scores, and every state the ranks
+    should hold alike is compared across ranks and logged.  Then
     `instcls eval` on the checkpoint, with the same loader, batch size, threads and ranks, scores
     bit-identical held-out features (the same digest) and exactly the trainer's kNN, here and on
     the random-init baseline; in one process with another thread count the features agree within
@@ -230,14 +281,29 @@ def test_eval_commands_score_a_checkpoint_as_the_trainer_did(digits_split, tmp_p
         assert [(c["moment"], c["step"], c["entries"] > 100) for c in checks] == [("save", 48, True)]  # eval: same step
         # the ranks' statistics had drifted apart: without the averaging they would differ
         assert checks[0]["batch_norm_spread"] > 1e-3, checks
-    settings = [f"data.train_shards={digits_split['train']}", f"data.eval_shards={digits_split['val']}",
-                "data.loader.num_threads=1"]
+    # model.pt holds the average of the ranks' own statistics, which each rank keeps for itself
+    per_rank = [torch.load(checkpoint / "batch_norm" / f"rank-{r:05d}.pt", weights_only=True) for r in (0, 1)]
+    saved = torch.load(checkpoint / "model.pt", weights_only=True)
+    assert len(per_rank[0]) > 10 and not all(torch.equal(per_rank[0][k], per_rank[1][k]) for k in per_rank[0])
+    for name in per_rank[0]:
+        torch.testing.assert_close(saved[name], (per_rank[0][name] + per_rank[1][name]) / 2, rtol=1e-6, atol=1e-6)
+    settings = [
+        f"data.train_shards={digits_split['train']}",
+        f"data.eval_shards={digits_split['val']}",
+        "data.loader.num_threads=1",
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     same_ranks = {}
     for name in (checkpoint, "random-init"):
         out = tmp_path / f"features-2-ranks-{checkpoint.name if name == checkpoint else name}.pt"
-        result = subprocess.run(_eval_command("knn", name, settings, out, nproc=2), cwd=tmp_path, env=env,
-                                capture_output=True, text=True, timeout=600)
+        result = subprocess.run(
+            _eval_command("knn", name, settings, out, nproc=2),
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert result.returncode == 0 and "\r" not in result.stdout + result.stderr, result.stderr[-3000:]
         same_ranks[str(name)] = _printed(result.stdout, name)
     assert same_ranks[str(checkpoint)] == (logged["knn_trained"], logged["query_features_digest"]), (same_ranks, logged)
@@ -266,9 +332,12 @@ def test_eval_commands_score_a_checkpoint_as_the_trainer_did(digits_split, tmp_p
     assert "model.feature_dim is 128 there and 64 here" in said[0] and "objective" not in said[0]
     files = {p: p.stat().st_mtime_ns for p in checkpoint.rglob("*")}
     command = train_command(tmp_path, digits_split, 2, FAST + ["model.arch=resnet10"], resume="auto")
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    result = subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1")
+    )
     assert result.returncode != 0
-    assert f"checkpoint {checkpoint} was trained with another job: model.arch is 'resnet18' there and " \
-           "'resnet10' here. Resume it with the config" in result.stderr, result.stderr[-3000:]
+    assert (
+        f"checkpoint {checkpoint} was trained with another job: model.arch is 'resnet18' there and "
+        "'resnet10' here. Resume it with the config" in result.stderr
+    ), result.stderr[-3000:]
     assert "Unexpected key" not in result.stderr and files == {p: p.stat().st_mtime_ns for p in checkpoint.rglob("*")}

@@ -5,17 +5,24 @@ from pathlib import Path
 
 import pytest
 import torch
-
 import yaml
 
 from trainer.ablations.catalogue import (
-    ABLATIONS, MULTI_CROP, PIC_OBJECTIVE, SWAV_LR, SWAV_OBJECTIVE, Ablation, Claim, Variant, select,
+    ABLATIONS,
+    MULTI_CROP,
+    PIC_OBJECTIVE,
+    SWAV_LR,
+    SWAV_OBJECTIVE,
+    Ablation,
+    Claim,
+    Variant,
+    select,
 )
 from trainer.ablations.document import Sweep, render, write
 from trainer.ablations.runner import RunResult, SweepSettings, repo_relative, resolved_config, write_checked_config
-from trainer.drills.jobs import REPO
 from trainer.ablations.verdict import NOT_MEASURED, REPRODUCES, REVERSED, WITHIN_NOISE, judge, summarise
 from trainer.config import ConfigError, load_job_config
+from trainer.drills.jobs import REPO
 from trainer.models import ModelConfig, build_model
 
 SETTINGS = SweepSettings(Path("shards/train"), Path("shards/val"), Path("runs"))
@@ -48,7 +55,9 @@ def test_a_run_config_is_the_demo_with_the_variant_applied_last():
     assert gaussian["logging"]["dir"] == str(directory / "logs") and directory.parent == Path("runs")
     # The sweep's settings apply to every run; the variant's come after them.
     co2 = select(["co2"])[0]
-    settings = SweepSettings(Path("t"), Path("v"), Path("runs"), overrides=("objective.co2_alpha=0.1", "optim.epochs=1"))
+    settings = SweepSettings(
+        Path("t"), Path("v"), Path("runs"), overrides=("objective.co2_alpha=0.1", "optim.epochs=1")
+    )
     assert resolved_config(settings, co2.variant("alpha = 0.3"), 0)[0]["objective"]["co2_alpha"] == 0.3
     assert resolved_config(settings, co2.variant("alpha = 0"), 0)[0]["objective"]["co2_alpha"] == 0.1
     assert resolved_config(settings, co2.variant("alpha = 0"), 0)[0]["optim"]["epochs"] == 1
@@ -61,8 +70,11 @@ def test_a_run_config_is_the_demo_with_the_variant_applied_last():
 def test_a_bad_override_names_the_variant(tmp_path):
     bad = Ablation("bad", "t", "s", "p", (Variant("typo", ("objective.smothing_alpha=0.2",)),), ())
     config, _ = resolved_config(SETTINGS, bad.variants[0], 0)
-    with pytest.raises(ConfigError, match=r"ablation bad, variant 'typo': .*unknown field objective.smothing_alpha; "
-                                          r"did you mean objective.smoothing_alpha"):
+    with pytest.raises(
+        ConfigError,
+        match=r"ablation bad, variant 'typo': .*unknown field objective.smothing_alpha; "
+        r"did you mean objective.smoothing_alpha",
+    ):
         write_checked_config(config, tmp_path / "c.yaml", bad, bad.variants[0])
 
 
@@ -83,8 +95,12 @@ def test_identical_variants_share_one_run_and_different_ones_do_not():
         return resolved_config(SETTINGS, ablation.variant(label), seed)[1]
 
     # The demo's recipe is the baseline of four ablations: it trains once per seed.
-    assert directory("init", "contrastive prior") == directory("head", "MLP head") == directory("smoothing", "none") \
+    assert (
+        directory("init", "contrastive prior")
+        == directory("head", "MLP head")
+        == directory("smoothing", "none")
         == directory("co2", "alpha = 0")
+    )
     assert directory("init", "contrastive prior", seed=1) != directory("init", "contrastive prior")
     assert directory("negatives", "recent K=256") == directory("window", "sliding window")
     every = [directory(a.name, v.label) for a in ABLATIONS for v in a.variants]
@@ -110,7 +126,9 @@ def test_beats_counts_only_differences_beyond_the_seeds_noise(a, b, outcome):
     results = [result("a", s, v) for s, v in enumerate(a)] + [result("b", s, v) for s, v in enumerate(b)]
     verdict = judge(TOY.claims[0], TOY, results)
     assert verdict.outcome == outcome
-    expected_noise = (statistics.variance([100 * v for v in a]) / 2 + statistics.variance([100 * v for v in b]) / 2) ** 0.5
+    expected_noise = (
+        statistics.variance([100 * v for v in a]) / 2 + statistics.variance([100 * v for v in b]) / 2
+    ) ** 0.5
     assert verdict.noise == pytest.approx(expected_noise)
     assert verdict.difference == pytest.approx(100 * (sum(a) - sum(b)) / 2)
 
@@ -125,17 +143,23 @@ def test_at_least_as_good_allows_a_loss_within_noise():
 
 def test_gap_shrinks_compares_the_early_and_the_final_gap():
     claim = Claim("gap_shrinks", "a", "b", epoch=4)
-    shrinking = [result("a", s, 0.40, early=0.30) for s in range(2)] + [result("b", s, 0.39, early=0.20) for s in range(2)]
+    shrinking = [result("a", s, 0.40, early=0.30) for s in range(2)] + [
+        result("b", s, 0.39, early=0.20) for s in range(2)
+    ]
     verdict = judge(claim, TOY, shrinking)
     assert verdict.outcome == REPRODUCES and verdict.difference == pytest.approx(9.0)
-    growing = [result("a", s, 0.45, early=0.21) for s in range(2)] + [result("b", s, 0.30, early=0.20) for s in range(2)]
+    growing = [result("a", s, 0.45, early=0.21) for s in range(2)] + [
+        result("b", s, 0.30, early=0.20) for s in range(2)
+    ]
     assert judge(claim, TOY, growing).outcome == REVERSED
     no_early = [result("a", 0, 0.4), result("b", 0, 0.3)]
     assert judge(claim, TOY, no_early).outcome == NOT_MEASURED
 
 
 def test_document_reports_every_variant_and_verdict(tmp_path):
-    results = [result("a", s, 0.40 + s / 100, early=0.3) for s in range(2)] + [result("b", s, 0.30, early=0.3) for s in range(2)]
+    results = [result("a", s, 0.40 + s / 100, early=0.3) for s in range(2)] + [
+        result("b", s, 0.30, early=0.3) for s in range(2)
+    ]
     sweep = Sweep(SETTINGS, (TOY,), results, "instcls ablate --only toy --seeds 2")
     text = render(sweep, "toy.png")
     assert "| a | 30.00 ± 0.00 | 40.50 ± 0.71 | 100 | 90 |" in text

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from trainer.checkpoint.async_checkpoint import AsyncCheckpointer
+from trainer.checkpoint.checkpoint_files import checkpoint_damage, complete_checkpoints, read_trainer_meta
+from trainer.checkpoint.components import FieldsState, load_checkpoint
+from trainer.checkpoint.save_guard import CheckpointWriteError
+from trainer.checkpoint.save_plan import FileWrite
 from trainer.config import CheckpointSection, ConfigError
-from trainer.engine.async_checkpoint import AsyncCheckpointer
-from trainer.engine.checkpoint import FieldsState, load_checkpoint
-from trainer.engine.checkpoint_files import checkpoint_damage, complete_checkpoints, read_trainer_meta
-from trainer.engine.checkpoint_plan import FileWrite
-from trainer.engine.save_guard import CheckpointWriteError
 from trainer.parallel import single_process_dims
 from trainer.parallel.sharded_state import ShardedRows
 

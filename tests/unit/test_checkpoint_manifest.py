@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from trainer.engine.checkpoint_files import checkpoint_damage, resolve_resume, write_manifest
+from trainer.checkpoint.checkpoint_files import checkpoint_damage, resolve_resume, write_manifest
 
 
 def _checkpoint(directory, step: int):

@@ -9,11 +9,17 @@ import pytest
 import torch
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
+from trainer.checkpoint.components import load_component
+from trainer.checkpoint.row_checkpoint import (
+    check_covered,
+    load_rows,
+    read_full_rows,
+    read_metadata,
+    save_rows,
+    target_rows,
+)
+from trainer.checkpoint.safe_load import UnsafeCheckpointError
 from trainer.drills.catalogue import TouchesAFile
-from trainer.engine.checkpoint import load_component
-from trainer.engine.row_checkpoint import (check_covered, load_rows, read_full_rows, read_metadata, save_rows,
-                                           target_rows)
-from trainer.engine.safe_load import UnsafeCheckpointError
 from trainer.objectives import ShardedRows
 from trainer.parallel import single_process_dims
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
+from trainer.checkpoint.rng_state import RngState, rng_states, set_rng_states
+from trainer.checkpoint.safe_load import UnsafeCheckpointError, load_data, refuse_pickled_code
 from trainer.drills.catalogue import TouchesAFile
-from trainer.engine.rng_state import RngState, rng_states, set_rng_states
-from trainer.engine.safe_load import UnsafeCheckpointError, load_data, refuse_pickled_code
 from trainer.parallel.dims import single_process_dims
 
 
@@ -33,7 +33,9 @@ def test_the_payload_would_run_if_unpickled(tmp_path):
 
 def test_a_tampered_deepspeed_file_is_refused_before_deepspeed_reads_it(tmp_path):
     marker = tmp_path / "ran"
-    torch.save({"module": {"w": torch.ones(3)}}, _tampered(tmp_path / "ckpt" / "deepspeed" / "a.pt", marker).parent / "b.pt")
+    torch.save(
+        {"module": {"w": torch.ones(3)}}, _tampered(tmp_path / "ckpt" / "deepspeed" / "a.pt", marker).parent / "b.pt"
+    )
     bad = tmp_path / "ckpt" / "deepspeed" / "a.pt"
     with pytest.raises(UnsafeCheckpointError, match=r"deepspeed/a\.pt: refusing to load it: it references getattr"):
         refuse_pickled_code(tmp_path / "ckpt" / "deepspeed")

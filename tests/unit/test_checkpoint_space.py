@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.engine.checkpoint import save_checkpoint
-from trainer.engine.engine_state import EngineState
-from trainer.engine.save_guard import CheckpointInterrupted, CheckpointWriteError
+from trainer.checkpoint import save_checkpoint
+from trainer.checkpoint.engine_state import EngineState
+from trainer.checkpoint.save_guard import CheckpointInterrupted, CheckpointWriteError
 from trainer.parallel import single_process_dims
 
 
@@ -30,7 +30,9 @@ def test_a_save_that_cannot_fit_is_refused_before_anything_is_written(tmp_path, 
 
     with pytest.raises(CheckpointWriteError, match=r"needs about 5,002 bytes \(the size of step_000000002\) and a "
                        r"rank found only 1,000 free\. Nothing was written\. The previous checkpoint .* is complete"):
-        save_checkpoint(tmp_path, 4, {"engine": EngineState(NeverWrites())}, single_process_dims(torch.device("cpu")), keep=2)
+        save_checkpoint(
+            tmp_path, 4, {"engine": EngineState(NeverWrites())}, single_process_dims(torch.device("cpu")), keep=2
+        )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000000002"]
 
 
@@ -75,8 +77,12 @@ def one_mib_file_limit():
 
 
 def test_a_failed_write_removes_the_partial_directory_and_names_the_checkpoint(tmp_path, one_mib_file_limit):
-    with pytest.raises(CheckpointWriteError, match=r"rank 0 could not write checkpoint .*step_000000004: .*inline_container"):
-        save_checkpoint(tmp_path, 4, {"engine": EngineState(_SavesTooMuch())}, single_process_dims(torch.device("cpu")), keep=2)
+    with pytest.raises(
+        CheckpointWriteError, match=r"rank 0 could not write checkpoint .*step_000000004: .*inline_container"
+    ):
+        save_checkpoint(
+            tmp_path, 4, {"engine": EngineState(_SavesTooMuch())}, single_process_dims(torch.device("cpu")), keep=2
+        )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -87,10 +93,15 @@ class _PeerDies(_FakeEngine):
 
 def test_a_rank_lost_mid_save_is_not_reported_as_a_write_failure(tmp_path):
     # gloo raises a plain RuntimeError; calling it a full disk would send the user the wrong way
-    with pytest.raises(CheckpointInterrupted, match=r"^rank 0 stopped saving checkpoint .*step_000000004: another "
-                       r"rank failed \(\[gloo.*Connection reset by peer\)\. The partial step_000000004\.tmp is never "
-                       r"taken for a checkpoint"):
-        save_checkpoint(tmp_path, 4, {"engine": EngineState(_PeerDies())}, single_process_dims(torch.device("cpu")), keep=2)
+    with pytest.raises(
+        CheckpointInterrupted,
+        match=r"^rank 0 stopped saving checkpoint .*step_000000004: another "
+        r"rank failed \(\[gloo.*Connection reset by peer\)\. The partial step_000000004\.tmp is never "
+        r"taken for a checkpoint",
+    ):
+        save_checkpoint(
+            tmp_path, 4, {"engine": EngineState(_PeerDies())}, single_process_dims(torch.device("cpu")), keep=2
+        )
     assert [p.name for p in tmp_path.iterdir()] == ["step_000000004.tmp"]  # removed by the next save
 
 
@@ -101,5 +112,7 @@ class _HasABug(_FakeEngine):
 
 def test_any_other_error_of_a_save_propagates_unchanged(tmp_path):
     with pytest.raises(RuntimeError, match=r"^shape mismatch$") as raised:
-        save_checkpoint(tmp_path, 4, {"engine": EngineState(_HasABug())}, single_process_dims(torch.device("cpu")), keep=2)
+        save_checkpoint(
+            tmp_path, 4, {"engine": EngineState(_HasABug())}, single_process_dims(torch.device("cpu")), keep=2
+        )
     assert type(raised.value) is RuntimeError

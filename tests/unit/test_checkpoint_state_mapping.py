@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.engine.checkpoint import FieldsState, load_checkpoint, save_checkpoint
-from trainer.engine.rng_state import RngState, reseed
+from trainer.checkpoint import FieldsState, load_checkpoint, save_checkpoint
+from trainer.checkpoint.rng_state import RngState, reseed
 from trainer.parallel import single_process_dims
 from trainer.parallel.sharded_state import ShardedRows
 

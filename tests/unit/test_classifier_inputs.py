@@ -25,7 +25,12 @@ GOOD_HARD = torch.tensor([[1, 2, 3], [0, 1, 2], [0, 1, 2]])
         (torch.randn(3, 8), torch.tensor([0, 5, 20]), GOOD_HARD, r"instance_ids contains 20, outside \[0, 20\)"),
         (torch.randn(3, 8), torch.tensor([0, -1, 2]), GOOD_HARD, "instance_ids contains -1"),
         (torch.randn(3, 8), torch.tensor([0.0, 1.0, 2.0]), GOOD_HARD, "instance_ids has shape"),
-        (torch.randn(3, 8), GOOD_IDS, torch.tensor([[1, 2, 21], [0, 1, 2], [0, 1, 2]]), "hard_negative_ids contains 21"),
+        (
+            torch.randn(3, 8),
+            GOOD_IDS,
+            torch.tensor([[1, 2, 21], [0, 1, 2], [0, 1, 2]]),
+            "hard_negative_ids contains 21",
+        ),
         (torch.randn(3, 8), GOOD_IDS, torch.tensor([[1, 2, 0], [0, 1, 2], [0, 1, 2]]), "own instance id"),
         (torch.randn(3, 8), GOOD_IDS, torch.zeros(2, 3, dtype=torch.long), r"expected integer ids of shape \(3, K\)"),
     ],
@@ -59,7 +64,7 @@ def test_bad_config_is_named(overrides, message):
 
 
 def test_validation_can_be_turned_off(monkeypatch):
-    import trainer.classifier.module as module
+    import trainer.classifier.sharded_classifier as module
 
     checked = []
     real_check = module.local_input_problem

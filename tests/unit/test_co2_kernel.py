@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from data_pipeline.view_layout import ViewLayout
+from data_pipeline.loading.view_layout import ViewLayout
 from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
-from trainer.classifier.consistency import ConsistencySettings, ConsistencyTerm
-from trainer.classifier.kernel import KernelSettings, sharded_cosine_ce, sharded_cosine_ce_with_term
+from trainer.classifier.kernel.chunked import KernelSettings, sharded_cosine_ce, sharded_cosine_ce_with_term
+from trainer.classifier.terms.co2 import ConsistencySettings, ConsistencyTerm
 from trainer.objectives import InstanceConfig, PicConfig
 from trainer.parallel.dims import single_process_dims
 
@@ -97,15 +97,18 @@ def test_settings_refuse_what_cannot_work():
         ConsistencyTerm.for_views(0.05, 0.3, ["global", "small", "small"])
     with pytest.raises(ValueError, match="two global views"):
         ConsistencyTerm.for_views(0.05, 0.3, ["global", "small", "global"])
-    assert ConsistencyTerm.for_views(0.05, 0.3, ["global", "global", "small"]).settings == ConsistencySettings(0.05, 3, 2)
+    assert ConsistencyTerm.for_views(0.05, 0.3, ["global", "global", "small"]).settings == ConsistencySettings(
+        0.05, 3, 2
+    )
     for config in (InstanceConfig, PicConfig):
         with pytest.raises(ValueError, match="co2_temperature=0.01 is invalid"):
             config(co2_temperature=0.01)
         with pytest.raises(ValueError, match="co2_alpha=-0.1 is invalid"):
             config(co2_alpha=-0.1)
     with pytest.raises(ValueError, match="num_views: 2"):  # the job's layout is checked when the head is built
-        ShardedCosineClassifier(ClassifierConfig(num_classes=NUM_ROWS, feature_dim=DIM, co2_alpha=0.3),
-                                single_process_dims())
+        ShardedCosineClassifier(
+            ClassifierConfig(num_classes=NUM_ROWS, feature_dim=DIM, co2_alpha=0.3), single_process_dims()
+        )
 
 
 def _term_and_grads(compiled: bool, kernel_temperature: float, views: list[str]):
@@ -117,8 +120,9 @@ def _term_and_grads(compiled: bool, kernel_temperature: float, views: list[str])
     targets = torch.tensor([7, 0, 3]).repeat(len(views))[:, None]
     settings = KernelSettings(temperature=kernel_temperature, chunk_size=4)
     term_of_views = ConsistencyTerm.for_views(0.05, 1.0, views, compiled=compiled)
-    loss, term = sharded_cosine_ce_with_term(features, weight, targets, torch.ones(len(targets), 1), settings,
-                                             term_of_views, None)
+    loss, term = sharded_cosine_ce_with_term(
+        features, weight, targets, torch.ones(len(targets), 1), settings, term_of_views, None
+    )
     upstream = torch.rand(len(targets), generator=generator)
     (loss.sum() + (term * upstream).sum()).backward()
     return loss, term, features.grad, weight.grad
@@ -126,7 +130,7 @@ def _term_and_grads(compiled: bool, kernel_temperature: float, views: list[str])
 
 @pytest.mark.parametrize("kernel_temperature", [0.15, 0.12])  # tau / tau_con = 3 (the power path), 2.4 (exp2)
 def test_compiled_chunk_math_equals_the_same_code_run_eagerly(kernel_temperature, capsys):
-    from trainer.classifier import consistency_math
+    from trainer.classifier.terms import co2_math as consistency_math
 
     for function in (consistency_math.fused_add_chunk_sums, consistency_math.fused_grad_logits):
         function._kernels.clear()  # compiled by an earlier test: this one must see the compiles happen
@@ -135,10 +139,11 @@ def test_compiled_chunk_math_equals_the_same_code_run_eagerly(kernel_temperature
     compiled = _term_and_grads(True, kernel_temperature, views)
 
     said = capsys.readouterr().err  # a compile is announced, not silently waited for
-    compiles = [fn for fn in (consistency_math.fused_add_chunk_sums, consistency_math.fused_grad_logits)
-                if fn._kernels]
-    assert compiles and all(f"compiling {fn.fn.__qualname__} with inductor" in said and
-                            f"compiled {fn.fn.__qualname__} in " in said for fn in compiles), said
+    compiles = [fn for fn in (consistency_math.fused_add_chunk_sums, consistency_math.fused_grad_logits) if fn._kernels]
+    assert compiles and all(
+        f"compiling {fn.fn.__qualname__} with inductor" in said and f"compiled {fn.fn.__qualname__} in " in said
+        for fn in compiles
+    ), said
 
     assert eager[1].abs().max() > 1e-3  # the term is not zero
     # Both functions ran compiled (inductor), not through the eager fallback.
@@ -149,11 +154,12 @@ def test_compiled_chunk_math_equals_the_same_code_run_eagerly(kernel_temperature
 
 
 def test_a_failed_compile_runs_the_function_eagerly_with_a_warning(monkeypatch, caplog):
-    from trainer.classifier import fusion
+    from trainer.classifier.terms import inductor_fusion as fusion
 
     def broken_compile(graph, example_inputs):
         def compiled(*args):
             raise RuntimeError("no C++ compiler found")
+
         return compiled
 
     monkeypatch.setattr(fusion.torch._inductor, "compile", broken_compile)
@@ -168,7 +174,7 @@ def test_a_failed_compile_runs_the_function_eagerly_with_a_warning(monkeypatch, 
 
 def _chunk_inputs(kernel_temperature, views, global_views, ranks, local):
     """Random inputs of both chunk functions for one layout, with padding and own rows in the chunk."""
-    from trainer.classifier.consistency_math import ChunkMath
+    from trainer.classifier.terms.co2_math import ChunkMath
 
     generator = torch.Generator().manual_seed(5)
     settings = ConsistencySettings(0.05, views, global_views)
@@ -181,8 +187,11 @@ def _chunk_inputs(kernel_temperature, views, global_views, ranks, local):
     own = own.view(math_.grid)
     coefficients = torch.randn(3, len(settings.pairs), 2, ranks, local, generator=generator)
     shift[0], coefficients[..., 0, 0] = float("inf"), 0.0  # column 0 is padding: its gradient is exactly 0
-    sums = (torch.rand(columns, generator=generator), torch.zeros(ranks, global_views, local),
-            torch.zeros(len(settings.pairs), 2, ranks, local))
+    sums = (
+        torch.rand(columns, generator=generator),
+        torch.zeros(ranks, global_views, local),
+        torch.zeros(len(settings.pairs), 2, ranks, local),
+    )
     return math_, (logits, shift, torch.exp2(-shift), own, coefficients), sums
 
 
@@ -207,8 +216,9 @@ LAYOUTS = [
 
 
 @pytest.mark.parametrize("kernel_temperature, views, global_views, ranks, local", LAYOUTS)
-def test_chunk_math_is_the_same_on_every_vector_isa_this_machine_has(kernel_temperature, views, global_views,
-                                                                      ranks, local):
+def test_chunk_math_is_the_same_on_every_vector_isa_this_machine_has(
+    kernel_temperature, views, global_views, ranks, local
+):
     """The code a step runs does not depend on the processor: each chunk function, compiled by
     inductor for every vector width this machine offers (scalar, AVX2, AVX-512, ...; whatever its ISA
     is called), gives the eager reference's numbers.  The retired C++ kernel was named after the ISA
@@ -216,8 +226,8 @@ def test_chunk_math_is_the_same_on_every_vector_isa_this_machine_has(kernel_temp
     from torch._inductor import config as inductor_config
     from torch._inductor import metrics as inductor_metrics
 
-    from trainer.classifier.consistency_math import _add_chunk_sums, _grad_logits
-    from trainer.classifier.fusion import Fused
+    from trainer.classifier.terms.co2_math import _add_chunk_sums, _grad_logits
+    from trainer.classifier.terms.inductor_fusion import Fused
 
     math_, grad_inputs, sums = _chunk_inputs(kernel_temperature, views, global_views, ranks, local)
     logits, _, _, own, _ = grad_inputs
@@ -249,12 +259,17 @@ def test_nothing_is_built_with_cpp_extension_at_run_time():
     def builds_cpp(path: Path) -> bool:
         if path.suffix == ".cpp":
             return True
-        return path.suffix == ".py" and any(call in path.read_text(encoding="utf-8")
-                                            for call in ("cpp_extension", "load_inline"))
+        return path.suffix == ".py" and any(
+            call in path.read_text(encoding="utf-8") for call in ("cpp_extension", "load_inline")
+        )
 
     repo = Path(__file__).resolve().parents[2]
-    offenders = [str(path.relative_to(repo)) for package in ("trainer", "data_pipeline")
-                 for path in (repo / package).rglob("*") if builds_cpp(path)]
+    offenders = [
+        str(path.relative_to(repo))
+        for package in ("trainer", "data_pipeline")
+        for path in (repo / package).rglob("*")
+        if builds_cpp(path)
+    ]
     assert offenders == []
 
 
@@ -262,7 +277,9 @@ def test_both_chunk_functions_are_compiled_during_the_forward_never_inside_the_b
     """Issue 28 row 13: on CUDA the backward runs on autograd's own thread, mid-step; the
     backward's fused function is compiled in the forward, for every chunk shape (11 rows in chunks
     of 4: a shorter last chunk)."""
-    from trainer.classifier import consistency, consistency_math, fusion
+    from trainer.classifier.terms import co2 as consistency
+    from trainer.classifier.terms import co2_math as consistency_math
+    from trainer.classifier.terms import inductor_fusion as fusion
 
     compiles = []
 
@@ -275,6 +292,7 @@ def test_both_chunk_functions_are_compiled_during_the_forward_never_inside_the_b
             for position, tensor in zip(positions, tensors):
                 full[position] = tensor
             return fn(*full)
+
         return eager
 
     monkeypatch.setattr(fusion, "compile_for", recording_compile)
@@ -291,14 +309,16 @@ def test_both_chunk_functions_are_compiled_during_the_forward_never_inside_the_b
     _term_and_grads(True, 0.15, ["global", "global", "small"])
 
     assert _term_and_grads.stage == "backward"  # the backward ran
-    by_function = {name: [(stage, in_autograd) for n, stage, in_autograd in compiles if n == name]
-                   for name in ("_add_chunk_sums", "_grad_logits")}
+    by_function = {
+        name: [(stage, in_autograd) for n, stage, in_autograd in compiles if n == name]
+        for name in ("_add_chunk_sums", "_grad_logits")
+    }
     # Two chunk shapes each (4 rows, then 3), all compiled in the forward, outside autograd's engine.
     assert by_function == {name: [("forward", False)] * 2 for name in by_function}
 
 
 def test_a_failed_compile_on_an_accelerator_is_an_error_unless_the_fallback_is_allowed(monkeypatch, caplog):
-    from trainer.classifier import fusion
+    from trainer.classifier.terms import inductor_fusion as fusion
 
     def broken_compile(fn, args):
         raise RuntimeError("triton not found")

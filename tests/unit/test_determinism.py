@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from tests.unit.test_kernel import TAU, problem, run_kernel, subset_rows
-from trainer.classifier import row_adds
 from trainer.classifier.in_backward_sgd import InBackwardSGD
-from trainer.classifier.kernel import KernelSettings
+from trainer.classifier.kernel import row_adds
+from trainer.classifier.kernel.chunked import KernelSettings
 from trainer.config import ParallelSection
 from trainer.config_building import ConfigError
 from trainer.parallel import determinism

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from data_pipeline.device_copy import to_device
-from data_pipeline.indexed_loader import IndexedLoader
-from data_pipeline.sampler import StepIndices
-from data_pipeline.step_inputs import StepSamples
+from data_pipeline.loading.base_loader import IndexedLoader
+from data_pipeline.loading.device_copy import to_device
+from data_pipeline.loading.sample_reader import StepSamples
+from data_pipeline.loading.samplers.base import StepIndices
 
 CUDA = torch.device("cuda")
 
@@ -78,8 +78,13 @@ def test_the_loader_pins_a_steps_ids_masks_and_labels_on_cuda(fake_cuda):
     assert batch.instance_ids.tolist() == [3, 1] and batch.labels.tolist() == [0, -1]
 
 
-STEP_PATH = ["data_pipeline/indexed_loader.py", "trainer/objectives/pic.py", "trainer/classifier/working_set.py",
-             "trainer/classifier/lazy_sgd.py", "trainer/classifier/row_store.py"]
+STEP_PATH = [
+    "data_pipeline/loading/base_loader.py",
+    "trainer/objectives/pic/objective.py",
+    "trainer/objectives/pic/working_set.py",
+    "trainer/objectives/pic/lazy_sgd.py",
+    "trainer/objectives/pic/row_store.py",
+]
 
 
 @pytest.mark.parametrize("path", STEP_PATH)

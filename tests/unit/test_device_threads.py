@@ -7,11 +7,11 @@ import threading
 
 import torch
 
+from data_pipeline.loading.view_layout import ViewLayout
 from trainer.objectives import ObjectiveContext, OptimSettings, build_objective
-from trainer.objectives import pic as pic_module
-from trainer.objectives.pic import PicConfig
+from trainer.objectives.pic import objective as pic_module
+from trainer.objectives.pic.objective import PicConfig
 from trainer.parallel import single_process_dims
-from data_pipeline.view_layout import ViewLayout
 from trainer.parallel.device_threads import device_thread_pool
 
 

@@ -9,8 +9,8 @@ import pytest
 from PIL import Image
 from sklearn.datasets import load_digits
 
-from data_pipeline.scenes import photos, render_scene
-from data_pipeline.sources import digits_on_photos, sklearn_digits
+from data_pipeline.ingest.sources.generated import digits_on_photos, sklearn_digits
+from data_pipeline.ingest.sources.scenes import photos, render_scene
 
 
 def digit_index(origin: str) -> int:

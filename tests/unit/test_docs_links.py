@@ -82,7 +82,36 @@ def test_no_document_holds_patch_or_merge_markers_or_an_open_fence(document):
 
 
 def test_the_leftover_check_finds_a_hunk_a_conflict_and_an_open_fence():
-    pasted = "# Doc\n\n```bash\n@ -694,18 +754,21 @@ the resume itself\n<<<<<<< HEAD\nours\n=======\ntheirs\n>>>>>>> b\n"
-    assert leftovers(pasted) == ["line 4: @ -694,18 +754,21 @@ the resume itself", "line 5: <<<<<<< HEAD",
-                                 "line 7: =======", "line 9: >>>>>>> b", "line 3: a code fence is never closed"]
+    pasted = (
+        "# Doc\n\n```bash\n@ -694,18 +754,21 @@ the resume itself\n<<<<<<< HEAD\nours\n=======\ntheirs\n>>>>>>> b\n"
+    )
+    assert leftovers(pasted) == [
+        "line 4: @ -694,18 +754,21 @@ the resume itself",
+        "line 5: <<<<<<< HEAD",
+        "line 7: =======",
+        "line 9: >>>>>>> b",
+        "line 3: a code fence is never closed",
+    ]
     assert leftovers("# Doc\n\n```\ncode\n```\n\nText with a=b and @ -1 in prose.\n") == []
+
+
+REPO_PATH = re.compile(r"`((?:trainer|data_pipeline|tests|k8s|configs|ds_configs|docs)/[\w/.\-]+?\.(?:py|yaml|json|md))"
+                       r"(?::\w+)?`")
+MOVED_TABLE = "## Where files went"  # docs/architecture.md: the old paths of moved files, on purpose
+
+
+def missing_paths(document: Path) -> list[str]:
+    """Repository files a document names in backticks (`trainer/engine/trainer.py`) that do not exist."""
+    text = document.read_text().split(MOVED_TABLE)[0]
+    return [path for path in REPO_PATH.findall(text) if not (ROOT / path).exists()]
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_file_a_document_names_exists(document):
+    assert missing_paths(document) == []
+
+
+def test_the_path_check_finds_a_moved_file(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("See `trainer/engine/trainer.py` and `trainer/engine/checkpoint.py:save_checkpoint`.\n")
+    assert missing_paths(doc) == ["trainer/engine/checkpoint.py"]

@@ -17,7 +17,13 @@ from pathlib import Path
 import pytest
 
 from trainer.exit_codes import (
-    EXIT_CODE_ENV, PERMANENT, RETRYABLE, ExitCode, node_exit_code, reported_exit_codes, run_reporting_exit_code,
+    EXIT_CODE_ENV,
+    PERMANENT,
+    RETRYABLE,
+    ExitCode,
+    node_exit_code,
+    reported_exit_codes,
+    run_reporting_exit_code,
 )
 from trainer.parallel import launch as launch_module
 

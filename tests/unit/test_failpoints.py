@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from trainer.engine.failpoints import ENV, parse
+from trainer.failpoints import ENV, parse
 
-PROBE = "from trainer.engine.failpoints import fail_point; fail_point('train.after_backward', 3); print('survived')"
+PROBE = "from trainer.failpoints import fail_point; fail_point('train.after_backward', 3); print('survived')"
 
 
 def test_a_spec_names_a_point_and_optionally_a_rank_and_a_step():
@@ -42,7 +42,7 @@ def test_the_armed_rank_and_step_die_with_sigkill_and_nothing_else_does():
 
 
 def test_the_wait_point_holds_the_armed_rank_until_it_is_released(monkeypatch):
-    from trainer.engine import failpoints
+    from trainer import failpoints
 
     monkeypatch.setattr(failpoints, "_ARMED", ("train.wait_for_sigterm", 0, 2))
     monkeypatch.setenv("RANK", "0")

@@ -9,10 +9,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from data_pipeline.ingest_state import Part
-from data_pipeline.shard_merge import merge_shards
-from data_pipeline.shards import ShardSettings, write_shards
-from data_pipeline.sources import Source, synthetic
+from data_pipeline.ingest.ingest_state import Part
+from data_pipeline.ingest.make_shards import ShardSettings, write_shards
+from data_pipeline.ingest.shard_merge import merge_shards
+from data_pipeline.ingest.sources.generated import Source, synthetic
 from trainer.cli import main
 
 SETTINGS = ShardSettings(prefix="syn", samples_per_shard=4, workers=1)

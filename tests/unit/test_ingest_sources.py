@@ -12,12 +12,12 @@ import webdataset as wds
 from PIL import Image
 from wds2idx import IndexCreator
 
-from data_pipeline.file_sources import image_folder, image_list
-from data_pipeline.manifest import ShardManifest
-from data_pipeline.sample_table import SampleTable
-from data_pipeline.shards import BadImageError, ShardSettings, sha256_of, write_shards
-from data_pipeline.tar_source import index_tars
-from data_pipeline.validate import validate_shards
+from data_pipeline.ingest.make_shards import BadImageError, ShardSettings, sha256_of, write_shards
+from data_pipeline.ingest.sources.files import image_folder, image_list
+from data_pipeline.ingest.tars_in_place import index_tars
+from data_pipeline.ingest.validate import validate_shards
+from data_pipeline.shardset.manifest import ShardManifest
+from data_pipeline.shardset.sample_table import SampleTable
 from trainer.cli import main
 
 

@@ -5,15 +5,23 @@ all of a job's pods at once, one image named in one place."""
 
 import json
 import re
-import tomllib
 
 import jsonschema
 import kubernetes_validate
 import pytest
+import tomllib
 import yaml
 
-from tests.helpers.k8s_manifests import (K8S, OVERLAYS, ROOT, all_documents, is_training_job, pod_templates,
-                                         rendered, training_pods)
+from tests.helpers.k8s_manifests import (
+    K8S,
+    OVERLAYS,
+    ROOT,
+    all_documents,
+    is_training_job,
+    pod_templates,
+    rendered,
+    training_pods,
+)
 from trainer.observability.metrics import METRIC_NAMES
 
 KUBERNETES_VERSION = "1.31.0"

@@ -78,7 +78,7 @@ def test_the_shard_writing_pods_run_commands_instcls_accepts():
     from trainer.cli import build_parser
 
     waiting = "instcls make-shards --part and merge-shards arrive with the ingest work (branch i31-ingest)"
-    ingest_state = pytest.importorskip("data_pipeline.ingest_state", reason=waiting)
+    ingest_state = pytest.importorskip("data_pipeline.ingest.ingest_state", reason=waiting)
     parser = build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     if "merge-shards" not in commands:

@@ -46,26 +46,37 @@ def test_the_renderer_follows_kustomize_on_images_bases_and_components(tmp_path)
           - {name: a, image: helper:1}
           - {name: b, image: instcls:old}
         """)
-    write(tmp_path / "component/kustomization.yaml", """\
+    write(
+        tmp_path / "component/kustomization.yaml",
+        """\
         apiVersion: kustomize.config.k8s.io/v1alpha1
         kind: Component
         resources: [config.yaml]
         images:
         - {name: instcls, newName: registry.example.com:5000/team/instcls, newTag: 1.2.3}
-        - {name: registry.local:5000/tool, digest: "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}
-        """)
-    write(tmp_path / "component/config.yaml", """\
+        - {name: registry.local:5000/tool, digest: "sha256:DIGEST"}
+        """.replace("DIGEST", "0123456789abcdef" * 4),
+    )
+    write(
+        tmp_path / "component/config.yaml",
+        """\
         apiVersion: v1
         kind: ConfigMap
         metadata: {name: settings}
         data: {answer: "42", enabled: "true"}
-        """)
-    write(tmp_path / "top/kustomization.yaml", """\
+        """,
+    )
+    write(
+        tmp_path / "top/kustomization.yaml",
+        """\
         resources: [../base, custom.yaml]
         components: [../component]
         sortOptions: {order: fifo}
-        """)
-    write(tmp_path / "top/custom.yaml", """\
+        """,
+    )
+    write(
+        tmp_path / "top/custom.yaml",
+        """\
         apiVersion: example.com/v1
         kind: Trainer
         metadata: {name: deep}
@@ -90,18 +101,22 @@ def test_the_renderer_follows_kustomize_on_images_bases_and_components(tmp_path)
                   - {name: untagged, image: "registry.local:5000/tool"}
         ---
         # a document holding only a comment is no object
-        """)
+        """,
+    )
     assert load_renderer().render(tmp_path / "top") == kubectl_kustomize(tmp_path / "top")
 
 
 def test_the_renderer_refuses_what_it_does_not_implement(tmp_path):
     renderer = load_renderer()
     write(tmp_path / "job.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n")
-    write(tmp_path / "patched/kustomization.yaml", """\
+    write(
+        tmp_path / "patched/kustomization.yaml",
+        """\
         resources: [../job.yaml]
         patches: [{path: p.yaml}]
         sortOptions: {order: fifo}
-        """)
+        """,
+    )
     with pytest.raises(renderer.UnsupportedKustomization, match=r"patched/kustomization.yaml: patches is outside"):
         renderer.render(tmp_path / "patched")
     write(tmp_path / "legacy/kustomization.yaml", "resources: [../job.yaml]\n")

@@ -5,9 +5,9 @@ import torch
 import torch.nn.functional as F
 
 from tests.helpers.reference import random_hard_negatives, reference_grads
-from trainer.classifier.chunk_workspace import ChunkWorkspace
 from trainer.classifier.in_backward_sgd import InBackwardSGD
-from trainer.classifier.kernel import KernelSettings, sharded_cosine_ce
+from trainer.classifier.kernel.chunk_workspace import ChunkWorkspace
+from trainer.classifier.kernel.chunked import KernelSettings, sharded_cosine_ce
 
 NUM_ROWS, DIM, BATCH, TOP_K, TAU = 41, 8, 11, 5, 0.15
 WHOLE_CACHE = 1 << 20

@@ -3,7 +3,7 @@ float64 reference on the same bf16 input values.
 
 The tolerances are the GPU's arithmetic: bf16 operands (the features as given, the unit weight rows
 and dL/dz rounded once to bf16, 2^-9 relative), fp32 accumulation and fp32 output
-(``trainer.classifier.half_matmul`` emulates exactly that on CPUs).  Measured worst cases over the
+(``trainer.classifier.kernel.half_matmul`` emulates exactly that on CPUs).  Measured worst cases over the
 8 cases below: loss 1.3e-4 absolute (on a loss ~2.4), dL/dW 3.6e-3 and dL/dx 6.5e-3 of the largest
 reference entry (dL/dx comes back as bf16, itself 2^-9 = 2e-3 relative); the tolerances allow
 ~1.5x that.  Logits rounded to bf16 before the fp32 copy, and the features rounded twice (the bug
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.helpers.reference import random_hard_negatives, reference_grads
-from trainer.classifier.kernel import KernelSettings, sharded_cosine_ce
+from trainer.classifier.kernel.chunked import KernelSettings, sharded_cosine_ce
 
 NUM_ROWS, DIM, BATCH, TOP_K, TAU, ALPHA = 300, 128, 32, 5, 0.1, 0.2
 LOSS_ATOL, GRAD_W_REL, GRAD_X_REL = 2e-4, 5e-3, 9e-3

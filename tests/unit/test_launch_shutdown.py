@@ -52,5 +52,7 @@ def test_an_explicit_flag_wins_and_no_grace_period_leaves_torchrun_alone():
 
 @pytest.mark.parametrize("value", ["10m", "30", ""])
 def test_a_bad_grace_period_names_the_variable_and_the_fix(value):
-    with pytest.raises(ValueError, match=f"{GRACE_ENV}=.* is invalid: set it to the pod's terminationGracePeriodSeconds"):
+    with pytest.raises(
+        ValueError, match=f"{GRACE_ENV}=.* is invalid: set it to the pod's terminationGracePeriodSeconds"
+    ):
         torchrun_command(ARGS, {GRACE_ENV: value})

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.classifier.lazy_sgd import LazyRowSGD
-from trainer.classifier.row_store import make_row_store
-from trainer.classifier.transitions import StepTransitions
-from trainer.classifier.working_set import WorkingSet
 from trainer.engine.schedule import LRSchedule
+from trainer.objectives.pic.lazy_sgd import LazyRowSGD
+from trainer.objectives.pic.row_store import make_row_store
+from trainer.objectives.pic.skipped_steps_sgd import StepTransitions
+from trainer.objectives.pic.working_set import WorkingSet
 
 
 def _schedule(steps: int) -> LRSchedule:

@@ -84,9 +84,9 @@ def test_co2_term_adds_no_workspace_buffers_and_plans_one_block(monkeypatch, cac
     inductor-compiled backward writes (the same code on every device)."""
     import torch
 
-    from data_pipeline.view_layout import ViewLayout
+    from data_pipeline.loading.view_layout import ViewLayout
     from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
-    from trainer.classifier.chunk_workspace import ChunkWorkspace
+    from trainer.classifier.kernel.chunk_workspace import ChunkWorkspace
     from trainer.parallel.dims import single_process_dims
 
     num_classes, batch, chunk = 300, 8, 64

@@ -6,9 +6,9 @@ import threading
 import pytest
 import torch
 
-from trainer.engine.async_checkpoint import AsyncCheckpointer
-from trainer.engine.checkpoint import load_component, save_component
-from trainer.engine.checkpoint_plan import FileWrite
+from trainer.checkpoint.async_checkpoint import AsyncCheckpointer
+from trainer.checkpoint.components import load_component, save_component
+from trainer.checkpoint.save_plan import FileWrite
 from trainer.objectives import ObjectiveContext, OptimSettings, PicConfig, PicObjective
 from trainer.observability.memory import status_field_bytes
 from trainer.parallel import single_process_dims

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from trainer.config import load_job_config
-from trainer.engine.run_fingerprint import fingerprint_mismatch, refuse_another_jobs_checkpoint, run_fingerprint
 from tests.helpers.training import REPO
+from trainer.checkpoint.run_fingerprint import fingerprint_mismatch, refuse_another_jobs_checkpoint, run_fingerprint
+from trainer.config import load_job_config
 
 
 def _fingerprint(*overrides, config="digits_cpu.yaml", instances=1438):
@@ -30,7 +30,9 @@ def test_each_difference_is_named(config, expected):
     problem = fingerprint_mismatch(_fingerprint(), current, "ckpt/step_1")
     assert problem.startswith("checkpoint ckpt/step_1 was trained with another job: ") and expected in problem
     assert fingerprint_mismatch(_fingerprint(), _fingerprint(), "x") is None
-    assert "samples) is 1438 there and 1000 here" in fingerprint_mismatch(_fingerprint(), _fingerprint(instances=1000), "x")
+    assert "samples) is 1438 there and 1000 here" in fingerprint_mismatch(
+        _fingerprint(), _fingerprint(instances=1000), "x"
+    )
 
 
 def test_old_checkpoints_pass_and_an_evaluation_compares_the_network_only(tmp_path):

@@ -15,12 +15,12 @@ import webdataset as wds
 from PIL import Image
 from wds2idx import IndexCreator
 
-from data_pipeline.augment import AugmentConfig
-from data_pipeline.config import LoaderConfig
-from data_pipeline.loader import build_loader
-from data_pipeline.sample_table import LegacyShardSetWarning, SampleTable
-from data_pipeline.shards import encode_int64, sha256_of
-from data_pipeline.validate import validate_shards
+from data_pipeline.ingest.make_shards import encode_int64, sha256_of
+from data_pipeline.ingest.validate import validate_shards
+from data_pipeline.loading.augment.augment_config import AugmentConfig
+from data_pipeline.loading.loader import build_loader
+from data_pipeline.loading.loader_config import LoaderConfig
+from data_pipeline.shardset.sample_table import LegacyShardSetWarning, SampleTable
 from trainer.cli import main
 
 

@@ -7,14 +7,17 @@ import math
 import numpy as np
 import pytest
 
-from data_pipeline.sampler import EpochPermutationSampler, steps_per_epoch
+from data_pipeline.loading.samplers.base import steps_per_epoch
+from data_pipeline.loading.samplers.epoch_permutation import EpochPermutationSampler
 
 WORLD_SIZES = [1, 2, 3]
 
 
 def transcribed_epoch(num_samples, world_size, batch, seed, epoch, last_batch, shuffle=True):
     """``plan[rank][step] = [(id, valid), ...]``, written the slow, obvious way."""
-    order = np.random.default_rng([seed, epoch]).permutation(num_samples).tolist() if shuffle else list(range(num_samples))
+    order = (
+        np.random.default_rng([seed, epoch]).permutation(num_samples).tolist() if shuffle else list(range(num_samples))
+    )
     global_batch = world_size * batch
     steps = math.ceil(num_samples / global_batch) if last_batch == "pad" else num_samples // global_batch
     plan = [[] for _ in range(world_size)]

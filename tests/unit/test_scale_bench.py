@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from trainer.bench.scale_bench import PER_STEP, ScaleBenchSettings, exponent, verdict, when
-from trainer.classifier.recent_ids import sorted_union
 from trainer.cli import main
+from trainer.objectives.pic.recent_ids import sorted_union
 
 TINY = ["--num-samples", "6000", "--compare-samples", "1500", "--ranks", "4", "--batch", "8", "--new-ranks", "3",
         "--dim", "4", "--top-k", "5", "--queue-size", "64", "--samples-per-shard", "100", "--steps", "3"]

@@ -40,30 +40,68 @@ def test_shipped_configs_load():
 @pytest.mark.parametrize(
     "text,message",
     [
-        ("data: {train_shards: x, loader: {batchsize: 4}}", r"unknown field data.loader.batchsize; did you mean data.loader.batch_size\?"),
-        ("data: {train_shards: x}\noptim: {base_lr: -1}", r"optim.base_lr=-1.0 is invalid: use a positive learning rate"),
+        (
+            "data: {train_shards: x, loader: {batchsize: 4}}",
+            r"unknown field data.loader.batchsize; did you mean data.loader.batch_size\?",
+        ),
+        (
+            "data: {train_shards: x}\noptim: {base_lr: -1}",
+            r"optim.base_lr=-1.0 is invalid: use a positive learning rate",
+        ),
         ("data: {train_shards: x}\nmodel: {arch: vgg16}", r"model.arch='vgg16' is invalid: choose one of"),
-        ("data: {train_shards: x}\nmodel: {head: conv}", r"model.head='conv' is invalid: choose one of \('mlp', 'linear'\)"),
+        (
+            "data: {train_shards: x}\nmodel: {head: conv}",
+            r"model.head='conv' is invalid: choose one of \('mlp', 'linear'\)",
+        ),
         ("data: {train_shards: x}\noptim: {epochs: ten}", r"optim.epochs='ten' is invalid: expected an integer"),
         ("model: {arch: resnet18}", r"missing required field\(s\) data"),
-        ("data: {train_shards: x, loader: {backend: nvidia}}", r"data.loader.backend='nvidia' is invalid: choose one of"),
-        ("data: {train_shards: x, loader: {augment: {crop_scale: [0.5]}}}", r"crop_scale=\[0.5\] is invalid: expected a list of 2"),
+        (
+            "data: {train_shards: x, loader: {backend: nvidia}}",
+            r"data.loader.backend='nvidia' is invalid: choose one of",
+        ),
+        (
+            "data: {train_shards: x, loader: {augment: {crop_scale: [0.5]}}}",
+            r"crop_scale=\[0.5\] is invalid: expected a list of 2",
+        ),
         ("data: {train_shards: x}\nobjective: {name: instance, top_k: 0}", r"objective.top_k=0 is invalid: use K >= 1"),
-        ("data: {train_shards: x}\nobjective: {temperature: 0.01}", r"objective.temperature=0.01 is invalid: use a temperature >= 0.02"),
-        ("data: {train_shards: x}\nobjective: {name: simclr}", r"objective.name='simclr' is invalid: choose one of \['instance', 'pic', 'swav'\]"),
-        ("data: {train_shards: x}\nobjective: {mode: replicated}", r"objective.mode='replicated' is invalid: choose one of \('dhp', 'ddp'\)"),
-        ("data: {train_shards: x}\nobjective: {name: instance, update_in_backward: true, mode: ddp}",
-         r"objective.update_in_backward=True is invalid: the in-backward update needs mode 'dhp'"),
-        ("data: {train_shards: x}\nobjective: {name: pic, co2_temperature: 0.01}",
-         r"objective.co2_temperature=0.01 is invalid: use a temperature >= 0.02"),
-        ("data: {train_shards: x}\nlogging: {metrics_bind: localhost:9400}",
-         r"logging.metrics_bind='localhost:9400' is invalid: use an IP address"),
-        ("data: {train_shards: x}\noptim: {on_nonfinite: ignore}", r"optim.on_nonfinite='ignore' is invalid: use 'stop' or 'skip_step'"),
+        (
+            "data: {train_shards: x}\nobjective: {temperature: 0.01}",
+            r"objective.temperature=0.01 is invalid: use a temperature >= 0.02",
+        ),
+        (
+            "data: {train_shards: x}\nobjective: {name: simclr}",
+            r"objective.name='simclr' is invalid: choose one of \['instance', 'pic', 'swav'\]",
+        ),
+        (
+            "data: {train_shards: x}\nobjective: {mode: replicated}",
+            r"objective.mode='replicated' is invalid: choose one of \('dhp', 'ddp'\)",
+        ),
+        (
+            "data: {train_shards: x}\nobjective: {name: instance, update_in_backward: true, mode: ddp}",
+            r"objective.update_in_backward=True is invalid: the in-backward update needs mode 'dhp'",
+        ),
+        (
+            "data: {train_shards: x}\nobjective: {name: pic, co2_temperature: 0.01}",
+            r"objective.co2_temperature=0.01 is invalid: use a temperature >= 0.02",
+        ),
+        (
+            "data: {train_shards: x}\nlogging: {metrics_bind: localhost:9400}",
+            r"logging.metrics_bind='localhost:9400' is invalid: use an IP address",
+        ),
+        (
+            "data: {train_shards: x}\noptim: {on_nonfinite: ignore}",
+            r"optim.on_nonfinite='ignore' is invalid: use 'stop' or 'skip_step'",
+        ),
         ("data: {train_shards: x}\noptim: {max_skipped_in_a_row: 0}", r"optim.max_skipped_in_a_row=0 is invalid"),
-        ("data: {train_shards: x}\neval: {every_epochs: -1}", r"eval.every_epochs=-1 is invalid: use 0 \(only at the end\)"),
+        (
+            "data: {train_shards: x}\neval: {every_epochs: -1}",
+            r"eval.every_epochs=-1 is invalid: use 0 \(only at the end\)",
+        ),
         # YAML is read with the safe loader: a tag that would build a Python object is refused.
-        ("data: {train_shards: !!python/object/apply:os.system [touch /tmp/instcls-yaml-ran]}",
-         r"could not determine a constructor for the tag"),
+        (
+            "data: {train_shards: !!python/object/apply:os.system [touch /tmp/instcls-yaml-ran]}",
+            r"could not determine a constructor for the tag",
+        ),
     ],
 )
 def test_bad_values_name_the_field(tmp_path, text, message):
@@ -73,7 +111,9 @@ def test_bad_values_name_the_field(tmp_path, text, message):
 
 def test_overrides_apply_and_are_checked(tmp_path):
     path = write(tmp_path, "data: {train_shards: x}")
-    config = load_job_config(path, ["optim.epochs=3", "optim.warmup_epochs=1", "data.loader.augment.crop_scale=[0.5, 1.0]"])
+    config = load_job_config(
+        path, ["optim.epochs=3", "optim.warmup_epochs=1", "data.loader.augment.crop_scale=[0.5, 1.0]"]
+    )
     assert config.optim.epochs == 3 and config.data.loader.augment.crop_scale == (0.5, 1.0)
     with pytest.raises(ConfigError, match="use --set section.field=value"):
         load_job_config(path, ["optim.epochs"])

@@ -11,12 +11,19 @@ import pytest
 import webdataset as wds
 from PIL import Image
 
-from data_pipeline.manifest import ShardManifest
-from data_pipeline.shards import BadImageError, ShardSettings, decode_int64, encode_int64, sha256_of, write_shards
-from data_pipeline.file_sources import image_folder
-from data_pipeline.sample_table import SampleTable
-from data_pipeline.sources import synthetic
-from data_pipeline.validate import validate_shards
+from data_pipeline.ingest.make_shards import (
+    BadImageError,
+    ShardSettings,
+    decode_int64,
+    encode_int64,
+    sha256_of,
+    write_shards,
+)
+from data_pipeline.ingest.sources.files import image_folder
+from data_pipeline.ingest.sources.generated import synthetic
+from data_pipeline.ingest.validate import validate_shards
+from data_pipeline.shardset.manifest import ShardManifest
+from data_pipeline.shardset.sample_table import SampleTable
 from trainer.cli import main
 
 

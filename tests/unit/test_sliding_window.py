@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from data_pipeline.config import SamplerConfig
-from data_pipeline.sliding_window import SlidingWindowSampler, resolve_sizes
+from data_pipeline.loading.loader_config import SamplerConfig
+from data_pipeline.loading.samplers.sliding_window import SlidingWindowSampler, resolve_sizes
 
 # (N, W, S, global batch): N % S == 0 and Bg | W; N % S != 0 and Bg not dividing W (batches straddle
 # windows); W > N; many windows past N (wrap-around); Bg > W (a batch spans several windows).
@@ -143,8 +143,8 @@ def test_bad_values_are_explained():
 
 def test_the_loader_and_the_job_config_select_it(tmp_path):
     """The wiring: YAML -> LoaderConfig.sampler -> default_sampler (imports torch, lazily)."""
-    from data_pipeline.indexed_loader import default_sampler
-    from data_pipeline.sampler import EpochPermutationSampler
+    from data_pipeline.loading.base_loader import default_sampler
+    from data_pipeline.loading.samplers.epoch_permutation import EpochPermutationSampler
     from trainer.config import ConfigError, load_job_config
 
     path = tmp_path / "job.yaml"

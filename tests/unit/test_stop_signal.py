@@ -8,8 +8,8 @@ import signal
 import pytest
 import torch
 
-from trainer.engine import preemption
-from trainer.engine.preemption import StopSignal
+from trainer.engine import stop_conditions as preemption
+from trainer.engine.stop_conditions import StopSignal
 
 WORLD = 2
 

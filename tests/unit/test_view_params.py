@@ -1,11 +1,11 @@
 """Augmentation parameters: torchvision's crop rule, reproducible per (seed, epoch, step, rank),
-and colour maps that do what ``data_pipeline.colour`` says."""
+and colour maps that do what ``data_pipeline.loading.augment.colour`` says."""
 
 import numpy as np
 
-from data_pipeline.augment import AugmentConfig
-from data_pipeline.colour import LUMA, colour_maps
-from data_pipeline.view_params import augmentation_rng, crop_boxes, draw_views
+from data_pipeline.loading.augment.augment_config import AugmentConfig
+from data_pipeline.loading.augment.colour import LUMA, colour_maps
+from data_pipeline.loading.augment.view_params import augmentation_rng, crop_boxes, draw_views
 
 
 def test_crop_boxes_lie_inside_the_image_with_the_asked_area_and_aspect():

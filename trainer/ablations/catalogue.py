@@ -4,8 +4,9 @@ variants that repeat the comparison on the demo's digit scenes.
 Every variant starts from the demo's recipe (``configs/demo_cpu.yaml``) shortened to
 ``ABLATION_EPOCHS`` and changes only what its ablation is about, so two variants of one ablation
 differ in exactly one thing.  A variant that is the demo's recipe sets nothing, so it is the same
-run (same config, same hash) in every ablation that uses it.  Claims say which direction the paper found; ``trainer.ablations.verdict``
-judges them against the measured means and the seeds' spread, whichever way they come out.
+run (same config, same hash) in every ablation that uses it.  Claims say which direction the
+paper found; ``trainer.ablations.verdict`` judges them against the measured means and the seeds'
+spread, whichever way they come out.
 """
 
 from __future__ import annotations
@@ -25,18 +26,34 @@ SCALED_TOP_K = 10
 
 # PIC and SwAV on the scenes: the demo's data, backbone and colour recipe with the objective
 # sections of configs/pic_demo_cpu.yaml and configs/swav_demo_cpu.yaml (a test keeps them equal).
-PIC_OBJECTIVE = {"name": "pic", "temperature": 0.2, "chunk_size": 4096, "negatives": "recent",
-                 "queue_size": 256, "row_store": "host"}
+PIC_OBJECTIVE = {
+    "name": "pic",
+    "temperature": 0.2,
+    "chunk_size": 4096,
+    "negatives": "recent",
+    "queue_size": 256,
+    "row_store": "host",
+}
 SLIDING_WINDOW = "data.loader.sampler.kind=sliding_window"
 EPOCH_ORDER = "data.loader.sampler.kind=epoch_permutation"
-SWAV_OBJECTIVE = {"name": "swav", "num_prototypes": 3000, "temperature": 0.1, "epsilon": 0.05,
-                  "sinkhorn_iterations": 3, "freeze_prototypes_steps": 22, "queue_length": 512,
-                  "queue_start_epoch": 2}
+SWAV_OBJECTIVE = {
+    "name": "swav",
+    "num_prototypes": 3000,
+    "temperature": 0.1,
+    "epsilon": 0.05,
+    "sinkhorn_iterations": 3,
+    "freeze_prototypes_steps": 22,
+    "queue_length": 512,
+    "queue_start_epoch": 2,
+}
 SWAV_LR = "optim.base_lr=0.1"  # plain SGD without LARS: the demo's 0.48 collapses SwAV's codes
 # Two small crops, not the paper's six: with one CPU core per rank, DALI's crops dominate the step
 # (four small crops made an epoch 2.6x longer).
-MULTI_CROP = ("data.loader.augment.small_crops=2", "data.loader.augment.small_size=16",
-              "data.loader.augment.small_scale=[0.25, 0.5]")
+MULTI_CROP = (
+    "data.loader.augment.small_crops=2",
+    "data.loader.augment.small_size=16",
+    "data.loader.augment.small_scale=[0.25, 0.5]",
+)
 
 
 @dataclass(frozen=True)
@@ -98,10 +115,12 @@ ABLATIONS: tuple[Ablation, ...] = (
         title="Contrastive-prior vs Gaussian initialisation of the classifier",
         source="Paper 000, Table 4",
         published="Initialising W from the random network's own features beats Gaussian rows early "
-                  "in training; the gap shrinks as training goes on.",
+        "in training; the gap shrinks as training goes on.",
         variants=(Variant("contrastive prior"), Variant("Gaussian", ("objective.contrastive_prior=false",))),
-        claims=(Claim("beats", "contrastive prior", "Gaussian", epoch=EARLY_EPOCH),
-                Claim("gap_shrinks", "contrastive prior", "Gaussian", epoch=EARLY_EPOCH)),
+        claims=(
+            Claim("beats", "contrastive prior", "Gaussian", epoch=EARLY_EPOCH),
+            Claim("gap_shrinks", "contrastive prior", "Gaussian", epoch=EARLY_EPOCH),
+        ),
         curves=True,
     ),
     Ablation(
@@ -117,23 +136,25 @@ ABLATIONS: tuple[Ablation, ...] = (
         title="Top-K hardest label smoothing, and its K and alpha",
         source="Paper 000, Tables 2 and 5",
         published="Smoothing the labels over the K = 100 hardest instances with alpha = 0.2 is at least "
-                  "as good as no smoothing; Table 5 sweeps K and alpha around that choice.",
+        "as good as no smoothing; Table 5 sweeps K and alpha around that choice.",
         variants=(
             Variant("none"),
             Variant(f"K={SCALED_TOP_K}, a=0.2", ("objective.smoothing_alpha=0.2", f"objective.top_k={SCALED_TOP_K}")),
-            Variant(f"K={3 * SCALED_TOP_K}, a=0.2", ("objective.smoothing_alpha=0.2", f"objective.top_k={3 * SCALED_TOP_K}")),
+            Variant(
+                f"K={3 * SCALED_TOP_K}, a=0.2", ("objective.smoothing_alpha=0.2", f"objective.top_k={3 * SCALED_TOP_K}")
+            ),
             Variant(f"K={SCALED_TOP_K}, a=0.4", ("objective.smoothing_alpha=0.4", f"objective.top_k={SCALED_TOP_K}")),
         ),
         claims=(Claim("at_least", f"K={SCALED_TOP_K}, a=0.2", "none"),),
         note=f"K = 100 of 1.28M instances is ~8% of an ImageNet class; the same share of a digit's ~144 "
-             f"training scenes is K = {SCALED_TOP_K}.",
+        f"training scenes is K = {SCALED_TOP_K}.",
     ),
     Ablation(
         name="negatives",
         title="Full softmax vs recent-negative sampling (PIC)",
         source="Paper 000, Table 3 / PIC",
         published="Scoring only the batch plus the K most recent instances loses little against the full "
-                  "softmax over all N; the full softmax stays slightly better.",
+        "softmax over all N; the full softmax stays slightly better.",
         variants=(
             Variant("all negatives", ("objective.negatives=all", SLIDING_WINDOW), PIC_OBJECTIVE),
             Variant("recent K=256", (SLIDING_WINDOW,), PIC_OBJECTIVE),
@@ -147,7 +168,7 @@ ABLATIONS: tuple[Ablation, ...] = (
         title="PIC's sliding window vs epoch order, at equal steps",
         source="PIC",
         published="Visiting instances in overlapping sliding windows, so each is seen again while its "
-                  "classifier row is fresh, beats a plain shuffled epoch order with recent negatives.",
+        "classifier row is fresh, beats a plain shuffled epoch order with recent negatives.",
         variants=(
             Variant("sliding window", (SLIDING_WINDOW,), PIC_OBJECTIVE),
             Variant("epoch order", (EPOCH_ORDER,), PIC_OBJECTIVE),
@@ -170,7 +191,7 @@ ABLATIONS: tuple[Ablation, ...] = (
         title="CO2's consistency term: alpha = 0 vs the default",
         source="CO2",
         published="Adding the consistency term between the two views' similarity distributions (alpha = 0.3 "
-                  "with MoCo v2) improves over the plain instance loss.",
+        "with MoCo v2) improves over the plain instance loss.",
         variants=(Variant("alpha = 0.3", ("objective.co2_alpha=0.3",)), Variant("alpha = 0")),
         claims=(Claim("beats", "alpha = 0.3", "alpha = 0"),),
     ),

@@ -5,7 +5,7 @@ each N in ``datasets`` (a column each): its classifier rows (N / job_ranks rows 
 fp32, D wide, on the training device) as a row-sharded component, its ZeRO partition of the
 backbone (``backbone_params`` / job_ranks fp32 values per copy: the master weight and
 ``optimizer_states`` moments) as DeepSpeed's per-rank file, and on rank 0 the consolidated
-``model.pt`` and ``optimizer.pt`` the engine entry writes (``trainer.engine.engine_state``), plus
+``model.pt`` and ``optimizer.pt`` the engine entry writes (``trainer.checkpoint.engine_state``), plus
 the RNG and the trainer's position.  The tensors are synthetic (each row's values follow from its
 index, so every load is checked exactly); everything else is ``AsyncCheckpointer`` and
 ``load_checkpoint`` as training uses them.  Not measured: the gather that builds rank 0's
@@ -74,7 +74,7 @@ def _slowest(seconds: float, dims) -> float:
 
 
 def _time_loads(settings: dict, classes: int, path: Path, dims, saved_ranks: int) -> list[float]:
-    from trainer.engine.checkpoint import load_checkpoint
+    from trainer.checkpoint.components import load_checkpoint
 
     times = []
     for _ in range(settings["saves"]):
@@ -100,7 +100,7 @@ def _join_job():
 
 def _save_worker(settings: dict, classes: int, directory: str, out: str) -> None:
     """On each of ``ranks`` processes: synchronous saves, asynchronous ones, loads."""
-    from trainer.engine.async_checkpoint import AsyncCheckpointer
+    from trainer.checkpoint.async_checkpoint import AsyncCheckpointer
 
     dims = _join_job()
     state, _ = bench_state(settings, classes, dims, dims.world_size)
@@ -143,7 +143,7 @@ def _reshard_worker(settings: dict, classes: int, checkpoint: str, saved_ranks: 
 
 def run(settings: CheckpointBenchSettings, progress=print) -> dict:
     """Every measurement of every column, as medians (seconds) with the sizes behind them."""
-    from trainer.engine.checkpoint_files import complete_checkpoints
+    from trainer.checkpoint.checkpoint_files import complete_checkpoints
     from trainer.parallel.launch import spawn_local_workers
 
     if settings.ranks < 1 or settings.reshard_ranks < 1 or settings.saves < 1 or settings.job_ranks < 1:

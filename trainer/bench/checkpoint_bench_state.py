@@ -12,11 +12,11 @@ from pathlib import Path
 
 import torch
 
-from trainer.engine.checkpoint import FieldsState
-from trainer.engine.checkpoint_files import MODEL_FILE, OPTIMIZER_FILE, read_trainer_meta
-from trainer.engine.checkpoint_plan import FileWrite, HostBuffers
-from trainer.engine.rng_state import RngState
-from trainer.engine.safe_load import load_data
+from trainer.checkpoint.checkpoint_files import MODEL_FILE, OPTIMIZER_FILE, read_trainer_meta
+from trainer.checkpoint.components import FieldsState
+from trainer.checkpoint.rng_state import RngState
+from trainer.checkpoint.safe_load import load_data
+from trainer.checkpoint.save_plan import FileWrite, HostBuffers
 from trainer.parallel.sharded_state import ShardedRows
 
 

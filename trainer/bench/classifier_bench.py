@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.bench.step_runner import FLOAT_DTYPES, FloatDtype, StepSpec, run_steps, synchronize
-from trainer.classifier.config import MODES
+from trainer.classifier.classifier_config import MODES
 from trainer.observability.memory import peak_since, reset_peak
 from trainer.parallel import init_distributed
 from trainer.parallel.host_memory import keep_freed_host_memory

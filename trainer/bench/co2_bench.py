@@ -18,9 +18,9 @@ from statistics import median
 import torch
 import torch.distributed as dist
 
+from data_pipeline.loading.view_layout import ViewLayout
 from trainer.bench.classifier_bench import ClassifierBenchSettings
 from trainer.bench.step_runner import synchronize
-from data_pipeline.view_layout import ViewLayout
 from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
 from trainer.parallel import init_distributed
 from trainer.parallel.host_memory import keep_freed_host_memory
@@ -45,7 +45,9 @@ def _worker(settings: ClassifierBenchSettings, result_path: str) -> None:
     device, dtype = dims.device, getattr(torch, settings.dtype)
     images = settings.batch // (2 * dims.world_size)  # --batch counts views: two per image
     classifiers = {name: _classifier(settings, dims, CO2_ALPHA if name == "co2" else 0.0) for name in VARIANTS}
-    optimizers = {name: torch.optim.SGD([c.weight], lr=0.1, momentum=0.9, fused=True) for name, c in classifiers.items()}
+    optimizers = {
+        name: torch.optim.SGD([c.weight], lr=0.1, momentum=0.9, fused=True) for name, c in classifiers.items()
+    }
     generator = torch.Generator(device=device).manual_seed(dims.rank)
     ids = torch.randint(0, settings.num_classes, (images,), device=device, generator=generator).repeat(2)
     features = torch.randn(2 * images, settings.dim, device=device, dtype=dtype, generator=generator).requires_grad_()
@@ -97,14 +99,18 @@ def run_co2(settings: ClassifierBenchSettings) -> dict:
 
 def format_co2_report(settings: ClassifierBenchSettings, summary: dict) -> str:
     step_s, calls = summary["step_s"], summary["collectives_per_step"]
-    return "\n".join([
-        f"CO2 consistency term: N={settings.num_classes:,} B={settings.batch} (two views per image) D={settings.dim} "
-        f"T={settings.ranks} chunk={settings.chunk_size} dtype={settings.dtype} on {summary['device']} "
-        f"(median of {settings.steps} steps after {settings.warmup} warm-up, variants alternating; worst rank)",
-        f"{'loss':<28}{'step s':>8}{'collectives/step':>18}",
-        f"{'plain (co2_alpha 0)':<28}{step_s['plain']:>8.3f}{calls['plain']:>18}",
-        f"{f'+ CO2 (alpha {CO2_ALPHA}, tau {CO2_TEMPERATURE})':<28}{step_s['co2']:>8.3f}{calls['co2']:>18}",
-        f"CO2 overhead: {100 * summary['overhead']:+.1f}% step time (median of the steps' paired ratios, worst rank; "
-        f"target <= {'10' if summary['device'] == 'cuda' else '15'}% on {summary['device']}); collectives "
-        f"{'unchanged' if summary['collectives_unchanged'] else 'CHANGED'}",
-    ])
+    return "\n".join(
+        [
+            f"CO2 consistency term: N={settings.num_classes:,} B={settings.batch} (two views per image) "
+            f"D={settings.dim} "
+            f"T={settings.ranks} chunk={settings.chunk_size} dtype={settings.dtype} on {summary['device']} "
+            f"(median of {settings.steps} steps after {settings.warmup} warm-up, variants alternating; worst rank)",
+            f"{'loss':<28}{'step s':>8}{'collectives/step':>18}",
+            f"{'plain (co2_alpha 0)':<28}{step_s['plain']:>8.3f}{calls['plain']:>18}",
+            f"{f'+ CO2 (alpha {CO2_ALPHA}, tau {CO2_TEMPERATURE})':<28}{step_s['co2']:>8.3f}{calls['co2']:>18}",
+            f"CO2 overhead: {100 * summary['overhead']:+.1f}% step time "
+            "(median of the steps' paired ratios, worst rank; "
+            f"target <= {'10' if summary['device'] == 'cuda' else '15'}% on {summary['device']}); collectives "
+            f"{'unchanged' if summary['collectives_unchanged'] else 'CHANGED'}",
+        ]
+    )

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-from data_pipeline.augment import AugmentConfig
-from data_pipeline.config import LoaderConfig
-from data_pipeline.loader import build_loader
-from data_pipeline.shards import ShardSettings, write_shards
-from data_pipeline.sources import synthetic
+from data_pipeline.ingest.make_shards import ShardSettings, write_shards
+from data_pipeline.ingest.sources.generated import synthetic
+from data_pipeline.loading.augment.augment_config import AugmentConfig
+from data_pipeline.loading.loader import build_loader
+from data_pipeline.loading.loader_config import LoaderConfig
 
 
 @dataclass(frozen=True)

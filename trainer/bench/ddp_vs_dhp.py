@@ -150,7 +150,8 @@ def summarize(settings: SweepSettings, points: dict[str, list[dict]]) -> dict:
     largest = {mode: largest_fit(p) for mode, p in points.items()}
     common = largest["ddp"]
     summary = dict(settings=asdict(settings), largest_classes=largest,
-                   dhp_over_ddp_classes=(largest["dhp"] / largest["ddp"]) if largest["ddp"] and largest["dhp"] else None)
+                   dhp_over_ddp_classes=(largest["dhp"] / largest["ddp"])
+                   if largest["ddp"] and largest["dhp"] else None)
     if common:  # both modes at the largest N that DDP fits
         at = {}
         for mode in points:
@@ -159,7 +160,9 @@ def summarize(settings: SweepSettings, points: dict[str, list[dict]]) -> dict:
                 point = run_point(settings, mode, common)
                 points[mode].append(point)
             if point["status"] == "ok":
-                at[mode] = {key: _worst(point, key) for key in ("step_s", "compute_s", "comm_s", "peak_above_baseline_bytes")}
+                at[mode] = {
+                    key: _worst(point, key) for key in ("step_s", "compute_s", "comm_s", "peak_above_baseline_bytes")
+                }
         summary["at_largest_common_n"] = dict(num_classes=common, **at)
         if "dhp" in at and "ddp" in at:
             summary["dhp_speedup_at_common_n"] = at["ddp"]["step_s"] / at["dhp"]["step_s"]
@@ -170,14 +173,37 @@ def write_outputs(settings: SweepSettings, points: dict[str, list[dict]], summar
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "points.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["mode", "num_classes", "status", "rank", "peak_bytes", "peak_above_baseline_bytes",
-                         "step_s", "compute_s", "comm_s", "message"])
+        writer.writerow(
+            [
+                "mode",
+                "num_classes",
+                "status",
+                "rank",
+                "peak_bytes",
+                "peak_above_baseline_bytes",
+                "step_s",
+                "compute_s",
+                "comm_s",
+                "message",
+            ]
+        )
         for mode_points in points.values():
             for point in sorted(mode_points, key=lambda p: p["num_classes"]):
                 for r in point["ranks"]:
-                    writer.writerow([point["mode"], point["num_classes"], r["status"], r["rank"], r.get("peak_bytes"),
-                                     r.get("peak_above_baseline_bytes"), r.get("step_s"), r.get("compute_s"),
-                                     r.get("comm_s"), r.get("message", "")])
+                    writer.writerow(
+                        [
+                            point["mode"],
+                            point["num_classes"],
+                            r["status"],
+                            r["rank"],
+                            r.get("peak_bytes"),
+                            r.get("peak_above_baseline_bytes"),
+                            r.get("step_s"),
+                            r.get("compute_s"),
+                            r.get("comm_s"),
+                            r.get("message", ""),
+                        ]
+                    )
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     table = format_table(settings, points, summary)
     (out / "table.md").write_text(table + "\n")
@@ -196,7 +222,8 @@ def format_table(settings: SweepSettings, points: dict[str, list[dict]], summary
     cap = f"{settings.cap_gib:g} GiB/rank"
     lines = [
         f"DDP vs DHP, T={settings.ranks} ranks, global batch {settings.batch}, D={settings.dim}, "
-        f"chunk {settings.chunk_size}, cap {cap}" + (f", backbone {settings.backbone}" if settings.backbone else "")
+        f"chunk {settings.chunk_size}, cap {cap}"
+        + (f", backbone {settings.backbone}" if settings.backbone else "")
         + (", DHP updates W inside the backward" if settings.update_in_backward else "")
         + (f", logits cache {settings.logits_cache_bytes / GIB:g} GiB/rank" if settings.logits_cache_bytes else ""),
         "",
@@ -212,20 +239,29 @@ def format_table(settings: SweepSettings, points: dict[str, list[dict]], summary
             continue
         memory = _worst(best, "peak_above_baseline_bytes") / GIB
         step, compute, comm = (_worst(best, key) for key in ("step_s", "compute_s", "comm_s"))
-        lines.append(f"| {label} | {best['num_classes']:,} | {first_fail} | {memory:.2f} GiB | "
-                     f"{step:.3f} s ({compute:.3f} + {comm:.3f}) |")
+        lines.append(
+            f"| {label} | {best['num_classes']:,} | {first_fail} | {memory:.2f} GiB | "
+            f"{step:.3f} s ({compute:.3f} + {comm:.3f}) |"
+        )
     common = summary.get("at_largest_common_n", {})
     if "ddp" in common and "dhp" in common:
         n = common["num_classes"]
-        lines += ["", f"At N={n:,} (the largest both train): memory/rank DDP "
-                  f"{common['ddp']['peak_above_baseline_bytes'] / GIB:.2f} GiB vs DHP "
-                  f"{common['dhp']['peak_above_baseline_bytes'] / GIB:.2f} GiB; step DDP {common['ddp']['step_s']:.3f} s "
-                  f"vs DHP {common['dhp']['step_s']:.3f} s"]
+        lines += [
+            "",
+            f"At N={n:,} (the largest both train): memory/rank DDP "
+            f"{common['ddp']['peak_above_baseline_bytes'] / GIB:.2f} GiB vs DHP "
+            f"{common['dhp']['peak_above_baseline_bytes'] / GIB:.2f} GiB; step DDP {common['ddp']['step_s']:.3f} s "
+            f"vs DHP {common['dhp']['step_s']:.3f} s",
+        ]
     if summary.get("dhp_over_ddp_classes"):
-        lines.append(f"DHP trains {summary['dhp_over_ddp_classes']:.2f}x the classes of DDP "
-                     f"(target >= {0.9 * settings.ranks:.1f}x = 0.9*T)")
+        lines.append(
+            f"DHP trains {summary['dhp_over_ddp_classes']:.2f}x the classes of DDP "
+            f"(target >= {0.9 * settings.ranks:.1f}x = 0.9*T)"
+        )
     if summary.get("dhp_speedup_at_common_n"):
-        lines.append(f"DHP step is {summary['dhp_speedup_at_common_n']:.2f}x faster than DDP at N={common['num_classes']:,}")
+        lines.append(
+            f"DHP step is {summary['dhp_speedup_at_common_n']:.2f}x faster than DDP at N={common['num_classes']:,}"
+        )
     return "\n".join(lines)
 
 
@@ -238,12 +274,24 @@ def plot_memory(settings: SweepSettings, points: dict[str, list[dict]], path: Pa
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for mode, colour, label in (("ddp", "tab:red", "DDP"), ("dhp", "tab:blue", "DHP")):
         ok = sorted((p for p in points[mode] if p["status"] == "ok"), key=lambda p: p["num_classes"])
-        axis.plot([p["num_classes"] for p in ok], [_worst(p, "peak_above_baseline_bytes") / GIB for p in ok],
-                  "o-", color=colour, label=f"{label} (peak memory per rank)")
+        axis.plot(
+            [p["num_classes"] for p in ok],
+            [_worst(p, "peak_above_baseline_bytes") / GIB for p in ok],
+            "o-",
+            color=colour,
+            label=f"{label} (peak memory per rank)",
+        )
         failed = [p["num_classes"] for p in points[mode] if p["status"] != "ok"]
         if failed:
-            axis.plot([min(failed)], [settings.cap_gib], "x", color=colour, markersize=12, mew=3,
-                      label=f"{label} OOM at N={min(failed):,}")
+            axis.plot(
+                [min(failed)],
+                [settings.cap_gib],
+                "x",
+                color=colour,
+                markersize=12,
+                mew=3,
+                label=f"{label} OOM at N={min(failed):,}",
+            )
     axis.axhline(settings.cap_gib, color="gray", linestyle="--", label=f"cap {settings.cap_gib:g} GiB/rank")
     axis.set_xscale("log")
     axis.set_xlabel("number of classes N")

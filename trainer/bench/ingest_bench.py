@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from data_pipeline.file_sources import image_folder
-from data_pipeline.scenes import photos
-from data_pipeline.shards import ShardSettings, write_shards
-from data_pipeline.tar_source import index_tars
+from data_pipeline.ingest.make_shards import ShardSettings, write_shards
+from data_pipeline.ingest.sources.files import image_folder
+from data_pipeline.ingest.sources.scenes import photos
+from data_pipeline.ingest.tars_in_place import index_tars
 
 
 @dataclass(frozen=True)

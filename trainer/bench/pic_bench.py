@@ -115,7 +115,7 @@ class _AnonPeak:
 
 
 def _sampled_point(settings: PicBenchSettings, num_classes: int, store_dir: str, result_file: str) -> None:
-    from data_pipeline.sampler import StepIndices
+    from data_pipeline.loading.samplers.base import StepIndices
     from trainer.engine.schedule import set_lr
     from trainer.objectives import ObjectiveContext, OptimSettings, PicConfig, PicObjective, StepViews, View
     from trainer.parallel import single_process_dims
@@ -257,8 +257,10 @@ def format_report(report: PicBenchReport) -> str:
              "|---:|---:|---:|---:|---:|---:|---:|"]
     for pic, full in zip(report.sampled, report.full):
         if pic["status"] == "ok":
-            pic_cells = (f"{pic['step_s']:.3f} | {pic['peak_anon_bytes'] / MIB:,.0f} | {pic['store_bytes'] / GIB:.1f} | "
-                         f"{pic['init_s']:.0f}")
+            pic_cells = (
+                f"{pic['step_s']:.3f} | {pic['peak_anon_bytes'] / MIB:,.0f} | {pic['store_bytes'] / GIB:.1f} | "
+                f"{pic['init_s']:.0f}"
+            )
         else:
             pic_cells = f"{pic['status']} | | |"
         if full["status"] == "ok":
@@ -271,8 +273,10 @@ def format_report(report: PicBenchReport) -> str:
     summary = report.summary()
     if "memory_growth" in summary:
         a, b = summary["from_to"]
-        lines.append(f"PIC from N={a:,} to N={b:,}: peak memory x{summary['memory_growth']:.3f} "
-                     f"(target <= 1.10), step time x{summary['step_time_ratio']:.3f} (target <= 1.2)")
+        lines.append(
+            f"PIC from N={a:,} to N={b:,}: peak memory x{summary['memory_growth']:.3f} "
+            f"(target <= 1.10), step time x{summary['step_time_ratio']:.3f} (target <= 1.2)"
+        )
     for n, ratio in summary.get("full_over_pic_step_time", {}).items():
         lines.append(f"N={n:,}: full-softmax step / PIC step = {ratio:.1f}x")
     if report.disk_note:
@@ -281,5 +285,16 @@ def format_report(report: PicBenchReport) -> str:
 
 
 def write_json(report: PicBenchReport, path: Path) -> None:
-    path.write_text(json.dumps({"settings": asdict(report.settings), "sampled": report.sampled, "full": report.full,
-                                "summary": report.summary(), "disk_note": report.disk_note}, indent=1, default=str))
+    path.write_text(
+        json.dumps(
+            {
+                "settings": asdict(report.settings),
+                "sampled": report.sampled,
+                "full": report.full,
+                "summary": report.summary(),
+                "disk_note": report.disk_note,
+            },
+            indent=1,
+            default=str,
+        )
+    )

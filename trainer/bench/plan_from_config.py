@@ -16,7 +16,7 @@ def num_instances_of(config: JobConfig, num_classes: int | None) -> int:
     """N: ``num_classes`` when given, else the size of the config's training shard set."""
     if num_classes is not None:
         return num_classes
-    from data_pipeline.manifest import MANIFEST_NAME, ShardManifest
+    from data_pipeline.shardset.manifest import MANIFEST_NAME, ShardManifest
 
     shards = Path(config.data.train_shards)
     if not (shards / MANIFEST_NAME).is_file():

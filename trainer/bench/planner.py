@@ -22,7 +22,7 @@ from functools import lru_cache
 
 import torch
 
-from trainer.classifier.chunk_workspace import LogitsCache
+from trainer.classifier.kernel.chunk_workspace import LogitsCache
 from trainer.models import ModelConfig, build_model
 
 GIB = 2**30
@@ -74,7 +74,7 @@ def _element_size(dtype: str) -> int:
 
 
 def co2_scratch(plan: PlanInput, scored: int, chunk: int) -> int:
-    """CO2's term (``trainer.classifier.consistency``) reuses the kernel's chunk buffers.  Its fused
+    """CO2's term (``trainer.classifier.terms.co2``) reuses the kernel's chunk buffers.  Its fused
     backward (inductor, on every device) writes a chunk's ``dL/dz`` into one fresh ``[chunk, columns]``
     fp32 block, since inductor does not overwrite an input it reads across views."""
     return scored * chunk * 4 if plan.co2 else 0

@@ -183,7 +183,10 @@ def format_report(summary: dict) -> str:
         ratio = measured["seconds"] / base if base > 0 else float("inf")
         per_epoch = {PER_STEP: _time(measured["seconds"] * steps), PER_EPOCH: _time(measured["seconds"])}.get(
             when(item), "-")
-        lines.append(f"| {item} | per {when(item)} | {_time(base)} | {_time(measured['seconds'])} | "
-                     f"{measured['peak_mib']:.0f} ({measured.get('file_mib', 0):.0f}) | x{ratio:.1f} = N^{exponent(ratio, large / small):.2f}, "
-                     f"{verdict(item, ratio, large / small)} | {per_epoch} |")
+        lines.append(
+            f"| {item} | per {when(item)} | {_time(base)} | {_time(measured['seconds'])} | "
+            f"{measured['peak_mib']:.0f} ({measured.get('file_mib', 0):.0f}) | "
+            f"x{ratio:.1f} = N^{exponent(ratio, large / small):.2f}, "
+            f"{verdict(item, ratio, large / small)} | {per_epoch} |"
+        )
     return "\n".join(lines)

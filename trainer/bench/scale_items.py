@@ -18,17 +18,17 @@ import numpy as np
 import torch
 import webdataset as wds
 
-from data_pipeline.manifest import FORMAT, LEGACY_FORMAT, MANIFEST_NAME
-from data_pipeline.sample_table import SampleTable
-from data_pipeline.sampler import EpochPermutationSampler
-from data_pipeline.shard_writer import encode_int64
-from data_pipeline.sliding_window import SlidingWindowSampler
-from data_pipeline.table_file import ROW, TABLE_NAME, write_table
-from data_pipeline.tar_index import scan_tar, write_dali_index
+from data_pipeline.loading.samplers.epoch_permutation import EpochPermutationSampler
+from data_pipeline.loading.samplers.sliding_window import SlidingWindowSampler
+from data_pipeline.shardset.manifest import FORMAT, LEGACY_FORMAT, MANIFEST_NAME
+from data_pipeline.shardset.sample_ids import encode_int64
+from data_pipeline.shardset.sample_table import SampleTable
+from data_pipeline.shardset.table_file import ROW, TABLE_NAME, write_table
+from data_pipeline.shardset.tar_index import scan_tar, write_dali_index
 from trainer.classifier.hard_negatives import HardNegativeIndex
-from trainer.classifier.recent_ids import RecentIds
 from trainer.classifier.sharding import ClassShard
-from trainer.objectives.pic import PicObjective
+from trainer.objectives.pic.objective import PicObjective
+from trainer.objectives.pic.recent_ids import RecentIds
 from trainer.parallel.sharded_state import ShardedRows, assemble_rows
 
 LEGACY_SAMPLES = 20_000  # a format-1 set this big (or N/4) is parsed; the cost per sample is scaled to N

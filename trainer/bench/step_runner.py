@@ -20,7 +20,6 @@ from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
 from trainer.models import ModelConfig, build_model
 from trainer.parallel import ParallelDims
 
-
 FloatDtype = Literal["float32", "bfloat16", "float16"]  # what torch runs a step in on CPUs and GPUs alike
 FLOAT_DTYPES: tuple[str, ...] = get_args(FloatDtype)
 

@@ -18,9 +18,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from trainer.classifier.chunk_term import ChunkTerm
-from trainer.classifier.kernel import KernelSettings, sharded_cosine_ce, sharded_cosine_ce_with_term
-from trainer.classifier.losses import sum_over_valid
+from trainer.classifier.kernel.chunked import KernelSettings, sharded_cosine_ce, sharded_cosine_ce_with_term
+from trainer.classifier.kernel.losses import sum_over_valid
+from trainer.classifier.terms.chunk_term import ChunkTerm
 from trainer.parallel.collectives import CommTimer, Group, all_gather_rows_with_grad, scale_grad
 
 

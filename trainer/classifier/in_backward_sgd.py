@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.classifier.row_adds import add_rows
+from trainer.classifier.kernel.row_adds import add_rows
 
 
 class InBackwardSGD(torch.optim.Optimizer):

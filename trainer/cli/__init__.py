@@ -31,7 +31,9 @@ from trainer.exit_codes import ExitCode, record_failure_cause
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="instcls", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="instcls", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     for area in (training, evaluation, ablate, plan, shards, drill, bench, selftest):  # the order of `instcls --help`
         area.register(commands)
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _errors_users_fix() -> tuple[type[Exception], ...]:
     """Errors whose message says what to fix: printed as one line, not a traceback."""
-    from data_pipeline.sample_table import ShardReadError
-    from trainer.engine.safe_load import UnsafeCheckpointError
+    from data_pipeline.shardset.sample_table import ShardReadError
+    from trainer.checkpoint.safe_load import UnsafeCheckpointError
 
     return ValueError, FileNotFoundError, FileExistsError, ShardReadError, UnsafeCheckpointError

@@ -29,9 +29,9 @@ def register(commands) -> None:
 
 
 def _run_eval(args: argparse.Namespace) -> int:
+    from trainer.checkpoint.checkpoint_files import load_model_weights, resolve_resume
+    from trainer.checkpoint.run_fingerprint import refuse_another_jobs_checkpoint, run_fingerprint
     from trainer.config import load_job_config
-    from trainer.engine.checkpoint_files import load_model_weights, resolve_resume
-    from trainer.engine.run_fingerprint import refuse_another_jobs_checkpoint, run_fingerprint
     from trainer.evaluation.checkpoint_eval import frozen_accuracy, random_init_model, require_eval_shards
     from trainer.models import build_model
 

@@ -26,9 +26,9 @@ def register(commands) -> None:
 
 def _run_train(args: argparse.Namespace) -> int:
     """One rank's exit code (``trainer.exit_codes``): what `instcls launch` and Kubernetes act on."""
+    from trainer.checkpoint.save_guard import CheckpointInterrupted, CheckpointWriteError
     from trainer.config import load_job_config
-    from trainer.engine.save_guard import CheckpointInterrupted, CheckpointWriteError
-    from trainer.engine.preemption import NonFiniteLossError
+    from trainer.engine.stop_conditions import NonFiniteLossError
     from trainer.engine.trainer import Trainer
     from trainer.exit_codes import ExitCode
     from trainer.parallel import init_distributed

@@ -4,8 +4,9 @@ what survived against a run that was never interrupted.
 Every drill returns a ``DrillResult``; ``passed`` is computed from what the job left on disk and
 printed, never assumed.  Jobs train the embedded digits for 4 steps with a checkpoint every 2.
 The drills live by what they break: ``crashes`` (kills, a full disk, a damaged checkpoint),
-``preemption`` (SIGTERM, to the launcher or to one rank), ``nonfinite`` (NaN losses), ``ports`` (taken ports), ``tampered_files`` (a
-checkpoint or shard altered on disk); ``context`` holds what they share.
+``preemption`` (SIGTERM, to the launcher or to one rank), ``nonfinite`` (NaN losses), ``ports``
+(taken ports), ``tampered_files`` (a checkpoint or shard altered on disk); ``context`` holds what
+they share.
 """
 
 from __future__ import annotations
@@ -14,14 +15,20 @@ from typing import Callable
 
 from trainer.drills.context import DrillContext, DrillResult
 from trainer.drills.crashes import (
-    damaged_newest_checkpoint, disk_full_during_save, killed_during_save, rank_killed_mid_step,
+    damaged_newest_checkpoint,
+    disk_full_during_save,
+    killed_during_save,
+    rank_killed_mid_step,
     rank_killed_while_saving,
 )
 from trainer.drills.nonfinite import loss_becomes_nan, nan_step_skipped
-from trainer.drills.preemption import peer_preempted, preempted_with_sigterm
 from trainer.drills.ports import metrics_port_taken, rendezvous_port_taken, taken_port
+from trainer.drills.preemption import peer_preempted, preempted_with_sigterm
 from trainer.drills.tampered_files import (
-    TouchesAFile, checkpoint_with_pickled_code, shard_damaged_mid_run, shard_damaged_skipped,
+    TouchesAFile,
+    checkpoint_with_pickled_code,
+    shard_damaged_mid_run,
+    shard_damaged_skipped,
 )
 
 # Also importable from here: the pieces the tests drive on their own.

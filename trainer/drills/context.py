@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from data_pipeline.shards import ShardSettings, write_shards
-from data_pipeline.sources import sklearn_digits
+from data_pipeline.ingest.make_shards import ShardSettings, write_shards
+from data_pipeline.ingest.sources.generated import sklearn_digits
+from trainer.checkpoint.checkpoint_files import complete_checkpoints
 from trainer.drills.jobs import Job, state_difference
-from trainer.engine.checkpoint_files import complete_checkpoints
 
 CADENCE = ["data.loader.batch_size=64", "optim.epochs=4", "optim.warmup_epochs=1", "checkpoint.every_steps=2",
            "logging.log_every=1", "logging.consumed_ids=true", "parallel.deterministic=true"]

@@ -8,11 +8,17 @@ import shutil
 import time
 from pathlib import Path
 
+from trainer.checkpoint.checkpoint_files import checkpoint_damage, checkpoint_name, complete_checkpoints, resolve_resume
 from trainer.drills.context import (
-    FOUR_STEPS, NO_LOSS, DrillContext, DrillResult, first_step_after, killed_at, resume_and_compare,
+    FOUR_STEPS,
+    NO_LOSS,
+    DrillContext,
+    DrillResult,
+    first_step_after,
+    killed_at,
+    resume_and_compare,
 )
 from trainer.drills.jobs import LAUNCH, Job, accounting_difference, job_env, state_difference
-from trainer.engine.checkpoint_files import checkpoint_damage, checkpoint_name, complete_checkpoints, resolve_resume
 from trainer.exit_codes import ExitCode
 
 
@@ -47,17 +53,28 @@ def killed_during_save(context: DrillContext, fault: str, completes: bool, run_d
     lost, recovery, same = resume_and_compare(job, context, kill_time)
     leftover = bool(list(job.checkpoints.glob("*.tmp")))
     return DrillResult(
-        "rank-killed-while-saving", f"SIGKILL at {fault} while checkpoint 4 is written",
-        f"exit {killed.returncode}; step 4 left as .tmp: {partial}; --resume auto took {picked.name if picked else None}; "
-        f"partial files left after the resume: {leftover}", lost, recovery,
-        killed.returncode == ExitCode.CRASHED and kill_time is not None and partial != completes and picked == expected
-        and newest_is_expected and not leftover and same)
+        "rank-killed-while-saving",
+        f"SIGKILL at {fault} while checkpoint 4 is written",
+        f"exit {killed.returncode}; step 4 left as .tmp: {partial}; "
+        f"--resume auto took {picked.name if picked else None}; "
+        f"partial files left after the resume: {leftover}",
+        lost,
+        recovery,
+        killed.returncode == ExitCode.CRASHED
+        and kill_time is not None
+        and partial != completes
+        and picked == expected
+        and newest_is_expected
+        and not leftover
+        and same,
+    )
 
 
 def rank_killed_while_saving(context: DrillContext) -> DrillResult:
     """Rank 1 dies after writing its DeepSpeed files of checkpoint 4, before the rest."""
-    return killed_during_save(context, "checkpoint.after_engine,rank=1", False,
-                              context.directory("rank-killed-while-saving"))
+    return killed_during_save(
+        context, "checkpoint.after_engine,rank=1", False, context.directory("rank-killed-while-saving")
+    )
 
 
 def damaged_newest_checkpoint(context: DrillContext) -> DrillResult:
@@ -70,9 +87,13 @@ def damaged_newest_checkpoint(context: DrillContext) -> DrillResult:
     lost, recovery, same = resume_and_compare(job, context, found_at)
     said = any("is damaged" in r.get("message", "") for r in job.log_records())
     return DrillResult(
-        "damaged-newest-checkpoint", "newest checkpoint's model.pt truncated to half",
+        "damaged-newest-checkpoint",
+        "newest checkpoint's model.pt truncated to half",
         f"damage {'reported by file' if said else 'not reported'}; resumed from the checkpoint before it",
-        lost, recovery, said and same)
+        lost,
+        recovery,
+        said and same,
+    )
 
 
 def _limit_file_size() -> None:
@@ -85,12 +106,16 @@ def disk_full_during_save(context: DrillContext) -> DrillResult:
     failed = job.run(FOUR_STEPS, launcher=LAUNCH, preexec_fn=_limit_file_size)
     failed_at = time.time()
     named = "could not write checkpoint" in failed.stderr and "bytes" in failed.stderr
-    traceback = 'trainer/engine/checkpoint.py", line' in failed.stderr
+    traceback = 'trainer/checkpoint/components.py", line' in failed.stderr
     previous = complete_checkpoints(job.checkpoints)[-1]
     intact = previous.name == checkpoint_name(2) and checkpoint_damage(previous) is None
     lost, recovery, same = resume_and_compare(job, context, failed_at)
     return DrillResult(
-        "disk-full-during-save", "every file write over 1 MiB fails (EFBIG) while checkpoint 4 is saved",
+        "disk-full-during-save",
+        "every file write over 1 MiB fails (EFBIG) while checkpoint 4 is saved",
         f"exit {failed.returncode}; error names path and bytes: {named}; traceback: {traceback}; "
-        f"{previous.name} intact: {intact}", lost, recovery,
-        failed.returncode == ExitCode.CHECKPOINT_WRITE_FAILED and named and not traceback and intact and same)
+        f"{previous.name} intact: {intact}",
+        lost,
+        recovery,
+        failed.returncode == ExitCode.CHECKPOINT_WRITE_FAILED and named and not traceback and intact and same,
+    )

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.engine.row_checkpoint import ROWS_FOLDER, read_full_rows
+from trainer.checkpoint.row_checkpoint import ROWS_FOLDER, read_full_rows
 from trainer.observability.report import RunLogs
 from trainer.parallel.launch import free_port
 

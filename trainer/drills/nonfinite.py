@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from trainer.checkpoint.checkpoint_files import checkpoint_name, complete_checkpoints
 from trainer.drills.context import CADENCE, FOUR_STEPS, DrillContext, DrillResult
 from trainer.drills.jobs import LAUNCH, Job, job_env, state_difference
-from trainer.engine.checkpoint_files import checkpoint_name, complete_checkpoints
 from trainer.exit_codes import ExitCode
 
 
@@ -29,14 +29,22 @@ def nan_step_skipped(context: DrillContext) -> DrillResult:
     job = Job(context.directory("nan-step-skipped"), context.shards)
     result = job.run(FOUR_STEPS + ["optim.on_nonfinite=skip_step", "checkpoint.every_steps=1", "checkpoint.keep=9"],
                      resume="none", env=job_env(INSTCLS_FAILPOINT="train.nan_features,rank=1,step=3"))
-    skipped = [[r["step"] for r in job.log_records(rank) if r.get("event") == "nonfinite_step_skipped"] for rank in (0, 1)]
+    skipped = [
+        [r["step"] for r in job.log_records(rank) if r.get("event") == "nonfinite_step_skipped"] for rank in (0, 1)
+    ]
     saved = {path.name for path in complete_checkpoints(job.checkpoints)}
     steps = [checkpoint_name(step) for step in (2, 3, 4)]
-    difference = (state_difference(job.checkpoints / steps[1], job.checkpoints / steps[0], same_step=False)
-                  if set(steps) <= saved else f"checkpoints {sorted(saved)}, not those of steps 2-4")
+    difference = (
+        state_difference(job.checkpoints / steps[1], job.checkpoints / steps[0], same_step=False)
+        if set(steps) <= saved
+        else f"checkpoints {sorted(saved)}, not those of steps 2-4"
+    )
     return DrillResult(
-        "nan-step-skipped", "rank 1's features NaN at step 3, optim.on_nonfinite: skip_step",
+        "nan-step-skipped",
+        "rank 1's features NaN at step 3, optim.on_nonfinite: skip_step",
         f"exit {result.returncode}; step skipped on ranks 0/1: {skipped}; state after it vs before: "
         f"{difference or 'bit-identical'}; {len(saved)} checkpoints to step 4",
-        "none: the model is exactly as before the bad step (its batch is not trained on, by policy)", None,
-        result.returncode == 0 and skipped == [[3], [3]] and difference is None)
+        "none: the model is exactly as before the bad step (its batch is not trained on, by policy)",
+        None,
+        result.returncode == 0 and skipped == [[3], [3]] and difference is None,
+    )

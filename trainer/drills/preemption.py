@@ -12,9 +12,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from trainer.checkpoint.checkpoint_files import checkpoint_damage, checkpoint_name, complete_checkpoints
 from trainer.drills.context import FOUR_STEPS, NO_LOSS, DrillContext, DrillResult, first_step_after
 from trainer.drills.jobs import LAUNCH, REPO, Job, job_env, state_difference
-from trainer.engine.checkpoint_files import checkpoint_damage, checkpoint_name, complete_checkpoints
 from trainer.exit_codes import ExitCode
 
 

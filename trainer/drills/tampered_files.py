@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
+from trainer.checkpoint.checkpoint_files import complete_checkpoints, write_manifest
 from trainer.drills.context import FOUR_STEPS, DrillContext, DrillResult
 from trainer.drills.jobs import LAUNCH, Job
-from trainer.engine.checkpoint_files import complete_checkpoints, write_manifest
 from trainer.exit_codes import ExitCode
 
 

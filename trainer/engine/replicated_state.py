@@ -20,16 +20,18 @@ a training step.  The cost is one host copy of the network per check (~100 MB fo
 from __future__ import annotations
 
 import hashlib
-from typing import Iterator, Mapping
+from typing import Callable, Collection, Iterator, Mapping
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from trainer.parallel import ParallelDims
+from trainer.parallel.batch_norm import averaged_running_statistics
 from trainer.parallel.sharded_state import ShardedRows
 
-PER_RANK_COMPONENTS = ("rng",)  # RNG streams differ by rank on purpose (each rank draws its own views)
+PER_RANK_COMPONENTS = ("rng", "batch_norm")  # RNG streams and local BatchNorm statistics differ by rank on purpose
 
 
 def _digest(value) -> str:
@@ -54,11 +56,17 @@ def _plain_leaves(value, path: str) -> Iterator[tuple[str, object]]:
         yield path, value
 
 
-def replicated_digests(module: nn.Module, components: Mapping[str, object], parameters_whole: bool) -> dict[str, str]:
+def replicated_digests(module: nn.Module, components: Mapping[str, object], parameters_whole: bool,
+                       per_rank_buffers: Collection[str] = (), network: Mapping[str, torch.Tensor] | None = None
+                       ) -> dict[str, str]:
     """``{name: digest}`` of everything every rank should hold alike.  ``module``: the network on this
-    rank; ``parameters_whole``: its parameters are whole on every rank (not ZeRO-3 partitions);
-    ``components``: the checkpoint's entries (those with a ``state_dict``)."""
-    digests = {f"model.{name}": _digest(buffer) for name, buffer in module.named_buffers()}
+    rank, less ``per_rank_buffers`` (each rank's own BatchNorm statistics under ``local``);
+    ``parameters_whole``: its parameters are whole on every rank (not ZeRO-3 partitions);
+    ``components``: the checkpoint's entries (those with a ``state_dict``); ``network``: what is
+    saved and scored in place of the per-rank buffers (their average), which must agree."""
+    digests = {f"model.{name}": _digest(buffer) for name, buffer in module.named_buffers()
+               if name not in per_rank_buffers}
+    digests.update({f"network.{name}": _digest(value) for name, value in (network or {}).items()})
     if parameters_whole:
         digests.update({f"model.{name}": _digest(parameter) for name, parameter in module.named_parameters()})
     for component_name, component in components.items():
@@ -78,3 +86,40 @@ def diverged_entries(digests: dict[str, str], group: dist.ProcessGroup | None) -
     dist.all_gather_object(every_rank, digests, group=group)
     names = sorted(set().union(*every_rank))
     return [name for name in names if len({ranks.get(name) for ranks in every_rank}) > 1]
+
+
+class OneNetwork:
+    """Before every save and evaluation (``agree``, collective, once per step): under
+    ``model.batch_norm: local`` the ranks' BatchNorm running statistics are averaged into the one
+    network that is saved and scored (``statistics()``: what ``model.pt`` and the evaluation use in
+    place of each rank's own); then everything each rank should hold alike is compared across ranks
+    and the check is logged (``event: replicated``), any difference named in a warning."""
+
+    def __init__(self, module: nn.Module, components: Mapping[str, object], batch_norm: str, dims: ParallelDims,
+                 parameters_whole: bool, log, say: Callable[[str], None]) -> None:
+        self.module, self.components, self.dims = module, components, dims
+        self.local = batch_norm == "local"
+        self.parameters_whole, self.log, self.say = parameters_whole, log, say
+        self.step: int | None = None
+        self._statistics: dict[str, torch.Tensor] | None = None
+
+    def statistics(self) -> dict[str, torch.Tensor] | None:
+        """The averaged statistics of the step last agreed on (None under ``sync``: the module's own agree)."""
+        return self._statistics
+
+    def agree(self, step: int, moment: str) -> None:
+        if self.step == step:  # a save and an evaluation at one step share one agreement
+            return
+        self.step = step
+        spread = 0.0
+        if self.local:
+            self._statistics, spread = averaged_running_statistics(self.module, self.dims.data_parallel_group)
+        per_rank = set(self._statistics or ())
+        digests = replicated_digests(self.module, self.components, self.parameters_whole, per_rank, self._statistics)
+        diverged = diverged_entries(digests, self.dims.control_group)
+        self.log.write(event="replicated", moment=moment, step=step, batch_norm_spread=spread, entries=len(digests),
+                       diverged=diverged)
+        if diverged and self.dims.rank == 0:
+            self.say(f"warning: {len(diverged)} entries that every rank should hold alike differ across ranks at step "
+                     f"{step} ({', '.join(diverged[:5])}{'...' if len(diverged) > 5 else ''}); the checkpoint and "
+                     "model.pt keep rank 0's. This is a bug: please report it with the logs")

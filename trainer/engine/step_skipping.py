@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from trainer.engine.preemption import NonFiniteLossError, what_to_do_after_nonfinite
+from trainer.engine.stop_conditions import NonFiniteLossError, what_to_do_after_nonfinite
 
 
 class StepSkipper:

@@ -22,23 +22,23 @@ from pathlib import Path
 
 import torch
 
-from data_pipeline.loader import build_loader
-from data_pipeline.manifest import ShardManifest
+from data_pipeline.contract import ShardManifest, build_loader
+from trainer.checkpoint.async_checkpoint import AsyncCheckpointer
+from trainer.checkpoint.batch_norm_state import BatchNormState
+from trainer.checkpoint.checkpoint_files import resolve_resume_on_rank0
+from trainer.checkpoint.components import FieldsState, load_checkpoint
+from trainer.checkpoint.engine_state import EngineState
+from trainer.checkpoint.rng_state import RngState, reseed
+from trainer.checkpoint.run_fingerprint import refuse_another_jobs_checkpoint, run_fingerprint
 from trainer.config import JobConfig
-from trainer.engine.async_checkpoint import AsyncCheckpointer
-from trainer.engine.checkpoint import FieldsState, load_checkpoint
-from trainer.engine.checkpoint_files import resolve_resume_on_rank0
 from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, load_deepspeed_config
-from trainer.engine.engine_state import EngineState
-from trainer.engine.failpoints import armed, fail_point, wait_point
-from trainer.engine.preemption import NonFiniteWatch, StopSignal
-from trainer.engine.replicated_state import diverged_entries, replicated_digests
-from trainer.engine.rng_state import RngState, reseed
-from trainer.engine.run_fingerprint import refuse_another_jobs_checkpoint, run_fingerprint
+from trainer.engine.replicated_state import OneNetwork
 from trainer.engine.run_record import RunRecord
-from trainer.engine.step_skipping import StepSkipper
-from trainer.engine.training_eval import TrainingEvaluation
 from trainer.engine.schedule import LRSchedule, scaled_lr, set_lr
+from trainer.engine.step_skipping import StepSkipper
+from trainer.engine.stop_conditions import NonFiniteWatch, StopSignal
+from trainer.engine.training_eval import TrainingEvaluation
+from trainer.failpoints import armed, fail_point, wait_point
 from trainer.models import build_model
 from trainer.objectives import ObjectiveContext, OptimSettings, StepViews, View, build_objective, objective_parameters
 from trainer.observability.logs import JsonlLog
@@ -46,7 +46,7 @@ from trainer.observability.metrics import TrainingMetrics
 from trainer.observability.progress import epoch_bar
 from trainer.observability.what_runs import what_runs
 from trainer.parallel import ParallelDims
-from trainer.parallel.batch_norm import apply_batch_norm_mode, average_running_statistics
+from trainer.parallel.batch_norm import apply_batch_norm_mode
 
 
 @dataclass
@@ -122,11 +122,14 @@ class Trainer:
         # it reseeds from on a new world size and after anything that might draw from it.
         self.checkpoint_state = {
             "trainer": FieldsState(self.state, num_instances=self.num_instances, fingerprint=self.fingerprint),
-            "engine": EngineState(self.engine, log=self._say),
+            "engine": EngineState(self.engine, log=self._say, network_statistics=self._network_statistics),
+            "batch_norm": BatchNormState(self.engine.module),  # each rank's own statistics, after the engine's
             "objective": self.objective,
             "sampler": self.train_loader.sampler,
             "rng": RngState(config.seed, self.state),
         }
+        self.one_network = OneNetwork(self.engine.module, self.checkpoint_state, config.model.batch_norm, dims,
+                                      self.engine.zero_optimization_stage() < 3, self.log, self._say)
         if (resumed := resolve_resume_on_rank0(resume, config.checkpoint.dir, dims, self._say)) is not None:
             self._restore(resumed)
         self.checkpointer = AsyncCheckpointer(config.checkpoint.dir, dims, config.checkpoint.keep_last, self._say,
@@ -137,7 +140,6 @@ class Trainer:
         self.metrics.epochs_planned.set(config.optim.epochs)
         self.stop_signal = StopSignal(dims.control_group)
         self.nonfinite = NonFiniteWatch(dims.device)
-        self._replicas_checked_at: int | None = None  # the step whose replicated state last agreed
         self.skipper = StepSkipper(self.engine.module, self.objective, config.optim.max_skipped_in_a_row, self.metrics,
                                    self.log, self._say)
 
@@ -153,7 +155,7 @@ class Trainer:
         background; ``wait`` (the last save, a preemption's): complete before returning (its path)."""
         if self.checkpointer.holds(self.state.global_step):  # saved, or being saved
             return self.checkpointer.wait() if wait else None
-        self._make_replicas_agree("save")  # model.pt and the plain state are rank 0's: make them everyone's
+        self.one_network.agree(self.state.global_step, "save")  # model.pt: the ranks' one network
         # ZeRO-3 keeps each rank's partition in ds_tensor; the check covers every rank's own part.
         local_parameters = [getattr(p, "ds_tensor", p) for p in self.engine.module.parameters()]
         self.nonfinite.observe_parameters([*objective_parameters(self.objective), *local_parameters])
@@ -161,28 +163,8 @@ class Trainer:
         self.nonfinite.check(self.dims.control_group, step, str(last or ""))
         self.checkpointer.save(step, self.checkpoint_state, blocking=wait)  # after the one in flight
 
-    def _make_replicas_agree(self, moment: str) -> None:
-        """Collective, before every save and evaluation: under ``model.batch_norm: local`` the
-        ranks' BatchNorm running statistics are averaged into one network (training forwards never
-        read them, so the trajectory does not change); then every state that each rank should hold
-        alike is compared across ranks, logged (``event: replicated``) and any difference named.
-        Once per step: averaging equal values again could still move a last bit with 3 ranks."""
-        step = self.state.global_step
-        if self._replicas_checked_at == step:
-            return
-        self._replicas_checked_at = step
-        spread = 0.0
-        if self.config.model.batch_norm == "local":
-            spread = average_running_statistics(self.engine.module, self.dims.data_parallel_group)
-        digests = replicated_digests(self.engine.module, self.checkpoint_state,
-                                     parameters_whole=self.engine.zero_optimization_stage() < 3)
-        diverged = diverged_entries(digests, self.dims.control_group)
-        self.log.write(event="replicated", moment=moment, step=step, batch_norm_spread=spread, entries=len(digests),
-                       diverged=diverged)
-        if diverged and self.dims.rank == 0:
-            self._say(f"warning: {len(diverged)} entries that every rank should hold alike differ across ranks at step "
-                      f"{step} ({', '.join(diverged[:5])}{'...' if len(diverged) > 5 else ''}); the checkpoint and "
-                      "model.pt keep rank 0's. This is a bug: please report it with the logs")
+    def _network_statistics(self):
+        return self.one_network.statistics()
 
     def _encode(self, images: torch.Tensor) -> torch.Tensor:
         return self.engine(images.to(self.dtype))
@@ -326,5 +308,6 @@ class Trainer:
         ``final`` with ``eval.linear_at_end``, the linear probe).  Logged and exported."""
         if self.evaluation is None:
             return None
-        self._make_replicas_agree("eval")
-        return self.evaluation.run(self.engine, self.state.epoch, self.state.global_step, final)
+        self.one_network.agree(self.state.global_step, "eval")
+        return self.evaluation.run(self.engine, self.state.epoch, self.state.global_step, final,
+                                   self.one_network.statistics())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Callable
 
-from trainer.engine.engine_state import plain_model_from_engine
+from trainer.checkpoint.engine_state import plain_model_from_engine
 from trainer.evaluation.scoring import FrozenFeatureScores
 from trainer.models import build_model
 
@@ -18,10 +18,11 @@ class TrainingEvaluation:
         self.config, self.dims, self.log, self.metrics, self.say = config, dims, log, metrics, say
         self.scores = FrozenFeatureScores(config, dims, copy.deepcopy(initial_model))
 
-    def run(self, engine, epoch: int, step: int, final: bool) -> dict:
-        """Collective: score the engine's network, log and export the results, print them on rank 0
-        (on stdout when ``final``: the run's result, not only a log line)."""
-        trained = plain_model_from_engine(engine, build_model(self.config.model))
+    def run(self, engine, epoch: int, step: int, final: bool, network_statistics: dict | None = None) -> dict:
+        """Collective: score the engine's network (with ``network_statistics`` in place of its
+        BatchNorm statistics: the network ``model.pt`` holds), log and export the results, print
+        them on rank 0 (on stdout when ``final``: the run's result, not only a log line)."""
+        trained = plain_model_from_engine(engine, build_model(self.config.model), network_statistics)
         results = self.scores.score(trained, linear=final and self.config.eval.linear_at_end)
         engine.train()
         self.log.write(event="eval", epoch=epoch, step=step, final=final, **results)

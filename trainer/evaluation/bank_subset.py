@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from data_pipeline.sampler import EpochPermutationSampler, StepIndices
+from data_pipeline.contract import EpochPermutationSampler, StepIndices
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # splitmix64's increment, also used to spread the seed
 

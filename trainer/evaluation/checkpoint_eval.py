@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.engine.rng_state import reseed
+from trainer.checkpoint.rng_state import reseed
 from trainer.evaluation.features import EvaluationData, features_digest, gather_to_host, save_features
 from trainer.evaluation.knn import sharded_knn_accuracy
 from trainer.evaluation.linear import linear_probe_accuracy

@@ -14,10 +14,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from data_pipeline.indexed_loader import IndexedLoader
-from data_pipeline.loader import build_loader
-from data_pipeline.sample_table import sample_table
-from data_pipeline.sampler import Sampler
+from data_pipeline.contract import IndexedLoader, Sampler, build_loader, sample_table
 from trainer.evaluation.bank_subset import SubsetSampler, bank_subset_ids
 from trainer.models.backbone import InstanceModel
 from trainer.parallel import ParallelDims

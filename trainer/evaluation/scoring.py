@@ -41,8 +41,9 @@ class FrozenFeatureScores:
 
     def score(self, trained: InstanceModel, linear: bool = False) -> dict:
         """``{"knn_trained", "knn_random_init", "query_features_digest", "seconds"}`` (the digest: the
-        trained network's held-out features, ``features_digest``, what `instcls eval` prints), plus with ``linear`` the probe of both
-        networks and the trained one's learning curve (``linear_curve``: label fraction -> accuracy).
+        trained network's held-out features, ``features_digest``, what `instcls eval` prints), plus
+        with ``linear`` the probe of both networks and the trained one's learning curve
+        (``linear_curve``: label fraction -> accuracy).
         The probe fits on the bank gathered into host memory (``eval.bank_samples`` bounds it)."""
         started = time.perf_counter()
         random_probe_inputs = None

@@ -49,11 +49,10 @@ from typing import Callable, Iterable
 import torch
 import torch.distributed as dist
 
-from data_pipeline.augment import AugmentConfig
-from data_pipeline.sampler import StepIndices
-from data_pipeline.view_layout import ViewLayout
+from data_pipeline.contract import AugmentConfig, StepIndices, ViewLayout
 from trainer.parallel import ParallelDims
-from trainer.parallel.sharded_state import ShardedRows  # objectives build their state with it
+from trainer.parallel.sharded_state import ShardedRows  # noqa: F401 (objectives build their state with it)
+
 
 @dataclass(frozen=True)
 class ObjectiveConfig:
@@ -67,7 +66,7 @@ class ObjectiveConfig:
 
     def fingerprint_fields(self) -> tuple[str, ...]:
         """Settings that shape this objective's saved state: a resume under other values is refused
-        (``trainer.engine.run_fingerprint``)."""
+        (``trainer.checkpoint.run_fingerprint``)."""
         return ("name",)
 
 
@@ -154,7 +153,8 @@ class Objective:
         ``after_backward`` with the learning rate of the shared schedule."""
         return []
 
-    def on_train_start(self, encode: Callable[[torch.Tensor], torch.Tensor], inference_batches: Callable[[], Iterable]) -> None:
+    def on_train_start(self, encode: Callable[[torch.Tensor], torch.Tensor],
+                       inference_batches: Callable[[], Iterable]) -> None:
         """Once before the first step of a run (also after a resume).  ``encode`` runs the network
         (train mode, no grad is up to the caller); ``inference_batches()`` iterates the training set
         once through the inference pipeline (``Batch`` objects with ``valid``)."""
@@ -169,8 +169,10 @@ class Objective:
         """The step's ``[views * b, D]`` features, view after view, as ``context.views`` lays them out."""
         layout = self.context.views
         if [view.kind for view in step.views] != list(layout.kinds):
-            raise ValueError(f"the step's views are {[view.kind for view in step.views]}, the job's layout "
-                             f"{list(layout.kinds)}: build the ObjectiveContext with the loader's view_layout")
+            raise ValueError(
+                f"the step's views are {[view.kind for view in step.views]}, the job's layout "
+                f"{list(layout.kinds)}: build the ObjectiveContext with the loader's view_layout"
+            )
         return torch.cat([view.features for view in step.views])
 
     def after_backward(self) -> None:

@@ -32,6 +32,9 @@ def memory_readings(device: torch.device) -> dict[str, int]:
     process on the same GPU)."""
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
-        return {"cuda_allocated": torch.cuda.memory_allocated(device), "cuda_reserved": torch.cuda.memory_reserved(device),
-                "device_used": total - free}
+        return {
+            "cuda_allocated": torch.cuda.memory_allocated(device),
+            "cuda_reserved": torch.cuda.memory_reserved(device),
+            "device_used": total - free,
+        }
     return {"rss": current_rss_bytes()}

@@ -58,22 +58,33 @@ class TrainingMetrics:
         self.data_wait = counter("instcls_data_wait_seconds_total", "Time the step waited for the data loader.")
         self.bad_samples = counter("instcls_bad_samples_skipped_total",
                                    "Unreadable samples skipped (data.loader.on_bad_sample: skip).")
-        self.nonfinite_skipped = counter("instcls_nonfinite_steps_skipped_total",
-                                         "Steps dropped because a rank's loss was NaN or inf (optim.on_nonfinite: skip_step).")
+        self.nonfinite_skipped = counter(
+            "instcls_nonfinite_steps_skipped_total",
+            "Steps dropped because a rank's loss was NaN or inf (optim.on_nonfinite: skip_step).",
+        )
         self.loss = gauge("instcls_loss", "Training loss at the last log step.")
         self.lr = gauge("instcls_learning_rate", "Current learning rate.")
-        self.memory = gauge("instcls_memory_bytes", "Memory of this rank (CUDA allocated/reserved, or CPU RSS).", ["kind"])
-        self.shard_bytes = gauge("instcls_classifier_shard_bytes",
-                                 "Bytes of the parameters this rank's objective trains (e.g. its classifier shard).")
+        self.memory = gauge(
+            "instcls_memory_bytes", "Memory of this rank (CUDA allocated/reserved, or CPU RSS).", ["kind"]
+        )
+        self.shard_bytes = gauge(
+            "instcls_classifier_shard_bytes",
+            "Bytes of the parameters this rank's objective trains (e.g. its classifier shard).",
+        )
         self.comm = counter("instcls_classifier_comm_seconds_total", "Time in the objective's collectives.")
-        self.objective = gauge("instcls_objective_metric", "A metric the training objective reports (label: metric).",
-                               ["metric"])
+        self.objective = gauge(
+            "instcls_objective_metric", "A metric the training objective reports (label: metric).", ["metric"]
+        )
         self.epoch = gauge("instcls_epoch", "Current epoch (0-based).")
         self.epoch_progress = gauge("instcls_epoch_progress_ratio", "Fraction of the current epoch done.")
         self.steps_per_epoch = gauge("instcls_steps_per_epoch", "Steps in one epoch on this rank.")
         self.epochs_planned = gauge("instcls_epochs_planned", "Epochs the job is configured to train (for ETAs).")
-        self.eval_knn = Gauge("instcls_eval_knn_accuracy", "kNN accuracy on the held-out split at the last "
-                              "evaluation (label network: trained or random_init).", labels + ["network"], registry=r)
+        self.eval_knn = Gauge(
+            "instcls_eval_knn_accuracy",
+            "kNN accuracy on the held-out split at the last evaluation (label network: trained or random_init).",
+            labels + ["network"],
+            registry=r,
+        )
 
     def set_memory(self, readings: dict[str, int]) -> None:
         for kind, value in readings.items():

@@ -3,11 +3,13 @@
 - ``local`` (default; PIC's and paper 000's choice): each rank normalises with its own batch's
   statistics, and each rank's running statistics follow its own batches.  Left alone, the ranks
   then hold T different networks: training-mode forwards never read the running statistics, but
-  every evaluation and every saved ``model.pt`` does.  ``average_running_statistics`` makes them
-  one network (timm's ``distribute_bn`` pattern): the trainer calls it before each evaluation and
-  each save, so what is scored, what is saved and what every rank holds are the same weights.
-  Because nothing in a training step reads the running statistics, averaging them does not move
-  the trajectory: a resumed run stays bit-identical to an uninterrupted one.
+  every evaluation and every saved ``model.pt`` does.  ``averaged_running_statistics`` makes them
+  one network (the average over the ranks, as timm's ``distribute_bn`` does): the trainer takes it
+  before each evaluation and each save, and that average is what every rank scores and what
+  ``model.pt`` holds.  Unlike ``distribute_bn`` it does not write the average back: each rank's own
+  statistics are per-rank state (checkpointed per rank, ``trainer.checkpoint.batch_norm_state``),
+  so the network saved at step N does not depend on when earlier saves happened, and a resumed run
+  is bit-identical to an uninterrupted one.
 - ``sync`` (SwAV's choice): ``torch.nn.SyncBatchNorm`` over the data-parallel group; the batch
   statistics of a step are the global batch's, so the running statistics agree by construction.
   It runs on CUDA only (PyTorch refuses CPU tensors when more than one rank takes part), so a
@@ -43,36 +45,42 @@ def apply_batch_norm_mode(model: nn.Module, mode: str, device: torch.device, wor
     return nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group=group)
 
 
-def running_statistics(model: nn.Module) -> list[torch.Tensor]:
-    """Every BatchNorm running mean and variance of ``model``, in module order (the same on every rank)."""
-    tensors = []
-    for module in model.modules():
+def running_statistics(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every BatchNorm running mean and variance of ``model`` by state-dict name, in module order
+    (the same on every rank)."""
+    statistics = {}
+    for prefix, module in model.named_modules():
         if isinstance(module, _BatchNorm) and module.track_running_stats and module.running_mean is not None:
-            tensors += [module.running_mean, module.running_var]
-    return tensors
+            dot = f"{prefix}." if prefix else ""
+            statistics[f"{dot}running_mean"] = module.running_mean
+            statistics[f"{dot}running_var"] = module.running_var
+    return statistics
 
 
 @torch.no_grad()
-def average_running_statistics(model: nn.Module, group: Group) -> float:
-    """Collective: every rank's BatchNorm running means and variances replaced, in place, by their
-    average over ``group``; returns how far the ranks were apart before (the largest difference
-    between two ranks' values of one statistic; 0.0 for one rank).  ``num_batches_tracked`` is
-    not touched: every rank has run the same number of steps.
+def averaged_running_statistics(model: nn.Module, group: Group) -> tuple[dict[str, torch.Tensor], float]:
+    """Collective: ``({name: the average over group's ranks, float32}, spread)``, where ``spread`` is
+    how far the ranks are apart (the largest difference between two ranks' values of one
+    statistic; 0.0 for one rank).  The module's own buffers are left as they are: each rank's
+    statistics keep following its own batches, so a resumed run stays bit-identical to an
+    uninterrupted one however often this was called; the average is what is saved and scored.
 
     One flat float32 buffer carries all the statistics, so a ResNet-50 costs three all-reduces of
-    ~50k values (the sum, and the maximum and minimum that measure the spread).  The average is
-    formed in float32 whatever the module's dtype (bf16 under a bf16 engine), then rounded back."""
-    tensors = running_statistics(model)
-    if not tensors or group_size(group) <= 1:
-        return 0.0
-    flat = torch.cat([t.detach().float().reshape(-1) for t in tensors])
-    highest, lowest = flat.clone(), -flat
-    dist.all_reduce(highest, op=dist.ReduceOp.MAX, group=group)
-    dist.all_reduce(lowest, op=dist.ReduceOp.MAX, group=group)
-    dist.all_reduce(flat, group=group)
-    flat /= group_size(group)
-    offset = 0
-    for tensor in tensors:
-        tensor.copy_(flat[offset : offset + tensor.numel()].view_as(tensor))
+    ~50k values (the sum, and the maximum and minimum that measure the spread)."""
+    statistics = running_statistics(model)
+    if not statistics:
+        return {}, 0.0
+    flat = torch.cat([t.detach().float().reshape(-1) for t in statistics.values()])
+    spread = 0.0
+    if group_size(group) > 1:
+        highest, lowest = flat.clone(), -flat
+        dist.all_reduce(highest, op=dist.ReduceOp.MAX, group=group)
+        dist.all_reduce(lowest, op=dist.ReduceOp.MAX, group=group)
+        dist.all_reduce(flat, group=group)
+        flat /= group_size(group)
+        spread = float((highest + lowest).max())  # max - min, one host sync (evaluations and saves only)
+    averaged, offset = {}, 0
+    for name, tensor in statistics.items():
+        averaged[name] = flat[offset : offset + tensor.numel()].view(tensor.shape)
         offset += tensor.numel()
-    return float((highest + lowest).max())  # max - min, one host sync (evaluations and saves only)
+    return averaged, spread

@@ -4,7 +4,7 @@ In a component's ``state_dict()``, tensors wrapped in ``ShardedRows`` are rows `
 a larger tensor.  ``split_state`` takes such a state apart into a plain part, which weights-only
 loading accepts and in which each ``ShardedRows`` is a small placeholder naming its rows, and the
 rows this rank writes (each row once, by its ``primary`` holder), which the checkpoint stores
-through ``torch.distributed.checkpoint`` (``trainer.engine.row_checkpoint``).  ``decode_state``
+through ``torch.distributed.checkpoint`` (``trainer.checkpoint.row_checkpoint``).  ``decode_state``
 fills a live state from one saved plain part, asking a ``read_rows`` callback for the rows each
 placeholder names, so a state written by T ranks loads on any T'.  Other values come from one
 saved state (the caller picks this rank's, or rank 0's).

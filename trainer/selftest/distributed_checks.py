@@ -40,8 +40,11 @@ def collectives(dims) -> CheckResult:
     dist.all_gather(gathered, torch.full((4,), float(rank), device=device))
     scattered = torch.empty(4, device=device)
     dist.reduce_scatter(scattered, [torch.full((4,), float(r), device=device) for r in range(world)])
-    exact = (bool((value == world * (world + 1) / 2).all()) and all(bool((g == r).all()) for r, g in enumerate(gathered))
-             and bool((scattered == rank * world).all()))
+    exact = (
+        bool((value == world * (world + 1) / 2).all())
+        and all(bool((g == r).all()) for r, g in enumerate(gathered))
+        and bool((scattered == rank * world).all())
+    )
     size = (256 << 20) if device.type == "cuda" else (16 << 20)  # bytes
     payload = torch.ones(size // 4, device=device)
     dist.all_reduce(payload)  # warm-up
@@ -51,13 +54,17 @@ def collectives(dims) -> CheckResult:
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - started
     bus = 2 * (world - 1) / world * size / seconds / 1e9  # the ring's bytes per link, as nccl-tests reports
-    return CheckResult("collectives", PASS if exact else FAIL, f"{bus:.1f} GB/s bus",
-                       f"{dims.backend}, {world} ranks" + ("" if exact else "; wrong results"))
+    return CheckResult(
+        "collectives",
+        PASS if exact else FAIL,
+        f"{bus:.1f} GB/s bus",
+        f"{dims.backend}, {world} ranks" + ("" if exact else "; wrong results"),
+    )
 
 
 def sharded_classifier(dims) -> CheckResult:
     """The class-sharded loss and its gradient against ``F.cross_entropy`` over the full matrix."""
-    from trainer.classifier.kernel import KernelSettings, sharded_cosine_ce
+    from trainer.classifier.kernel.chunked import KernelSettings, sharded_cosine_ce
     from trainer.classifier.sharding import ClassShard
 
     world, rank, device = dims.world_size, dims.rank, dims.device
@@ -70,8 +77,14 @@ def sharded_classifier(dims) -> CheckResult:
     rows = slice(shard.class_start, shard.class_end)
     local_weight = weight[rows].clone().requires_grad_()
     cols = torch.where(shard.is_local(ids), ids - shard.class_start, -1)[:, None]
-    loss = sharded_cosine_ce(features, local_weight, cols, torch.ones(batch, 1, device=device),
-                             KernelSettings(temperature=tau, chunk_size=8192), dims.classifier_group)
+    loss = sharded_cosine_ce(
+        features,
+        local_weight,
+        cols,
+        torch.ones(batch, 1, device=device),
+        KernelSettings(temperature=tau, chunk_size=8192),
+        dims.classifier_group,
+    )
     loss.sum().backward()
     reference_weight = weight.clone().requires_grad_()
     reference = F.cross_entropy(features @ F.normalize(reference_weight, dim=1).t() / tau, ids, reduction="none")
@@ -79,8 +92,12 @@ def sharded_classifier(dims) -> CheckResult:
     loss_error = float((loss - reference).detach().abs().max())
     grad_error = float((local_weight.grad - reference_weight.grad[rows]).abs().max())
     ok = loss_error < 1e-4 and grad_error < 1e-5
-    return CheckResult("sharded classifier", PASS if ok else FAIL, f"loss diff {loss_error:.1e}",
-                       f"N={classes} over {world} ranks, dW diff {grad_error:.1e}")
+    return CheckResult(
+        "sharded classifier",
+        PASS if ok else FAIL,
+        f"loss diff {loss_error:.1e}",
+        f"N={classes} over {world} ranks, dW diff {grad_error:.1e}",
+    )
 
 
 # A measured peak above the plan by more than this is a planner defect: a job it says fits may not.
@@ -116,10 +133,13 @@ def bf16_zero2_step(dims) -> CheckResult:
     planned = _planned_allocations(model_config, classifier_config, ds_config, dims.world_size, batch)
     ratio = peak / planned
     status = PASS if torch.isfinite(loss) and ratio <= PLAN_UNDERESTIMATE_LIMIT else FAIL
-    return CheckResult("bf16 ZeRO-2 ResNet-50 step", status,
-                       f"{peak / 2**30:.1f} GiB peak = {ratio:.2f} x plan",
-                       f"batch {batch}/rank, N=1.28M over {dims.world_size} ranks, {seconds:.2f} s; "
-                       f"plan {planned / 2**30:.1f} GiB (fails above {PLAN_UNDERESTIMATE_LIMIT:.2f} x)")
+    return CheckResult(
+        "bf16 ZeRO-2 ResNet-50 step",
+        status,
+        f"{peak / 2**30:.1f} GiB peak = {ratio:.2f} x plan",
+        f"batch {batch}/rank, N=1.28M over {dims.world_size} ranks, {seconds:.2f} s; "
+        f"plan {planned / 2**30:.1f} GiB (fails above {PLAN_UNDERESTIMATE_LIMIT:.2f} x)",
+    )
 
 
 def _planned_allocations(model_config, classifier_config, ds_config: dict, ranks: int, batch: int) -> int:
@@ -127,7 +147,15 @@ def _planned_allocations(model_config, classifier_config, ds_config: dict, ranks
     from trainer.bench import planner
 
     plan = planner.PlanInput(
-        mode="dhp", num_classes=classifier_config.num_classes, ranks=ranks, batch=batch * ranks,
-        dim=model_config.feature_dim, chunk_size=classifier_config.chunk_size, backbone=model_config.arch,
-        views=1, dali=False, **planner.deepspeed_settings(ds_config))
+        mode="dhp",
+        num_classes=classifier_config.num_classes,
+        ranks=ranks,
+        batch=batch * ranks,
+        dim=model_config.feature_dim,
+        chunk_size=classifier_config.chunk_size,
+        backbone=model_config.arch,
+        views=1,
+        dali=False,
+        **planner.deepspeed_settings(ds_config),
+    )
     return sum(size for part, size in planner.predict(plan).items() if not part.startswith("buffers"))

@@ -35,9 +35,9 @@ def devices() -> CheckResult:
 
 def compiled_co2(device: torch.device) -> CheckResult:
     """CO2's fused chunk functions compiled by inductor (Triton on GPUs) against the same code run eagerly."""
-    from trainer.classifier import consistency_math
-    from trainer.classifier.consistency import ConsistencyTerm
-    from trainer.classifier.kernel import KernelSettings, sharded_cosine_ce_with_term
+    from trainer.classifier.kernel.chunked import KernelSettings, sharded_cosine_ce_with_term
+    from trainer.classifier.terms import co2_math as consistency_math
+    from trainer.classifier.terms.co2 import ConsistencyTerm
 
     generator = torch.Generator().manual_seed(0)
     features = F.normalize(torch.randn(2 * 64, 128, generator=generator), dim=1).to(device)
@@ -64,7 +64,7 @@ def compiled_co2(device: torch.device) -> CheckResult:
 def pic_host_store(device: torch.device) -> CheckResult:
     """Three PIC steps with W in host memory (pinned on GPUs) and the next step's rows prefetched
     in the background (a side stream on GPUs)."""
-    from data_pipeline.sampler import StepIndices
+    from data_pipeline.loading.samplers.base import StepIndices
     from trainer.engine.schedule import set_lr
     from trainer.objectives import ObjectiveContext, OptimSettings, PicConfig, StepViews, View, build_objective
     from trainer.parallel import single_process_dims
@@ -97,10 +97,10 @@ def pic_host_store(device: torch.device) -> CheckResult:
 
 def dali_decode(device: torch.device) -> CheckResult:
     """The DALI loader on the embedded digits (``mixed`` nvJPEG decode on GPUs, DALI's CPU decoder otherwise)."""
-    from data_pipeline.config import LoaderConfig
-    from data_pipeline.loader import build_loader
-    from data_pipeline.shards import ShardSettings, write_shards
-    from data_pipeline.sources import sklearn_digits
+    from data_pipeline.ingest.make_shards import ShardSettings, write_shards
+    from data_pipeline.ingest.sources.generated import sklearn_digits
+    from data_pipeline.loading.loader import build_loader
+    from data_pipeline.loading.loader_config import LoaderConfig
 
     with tempfile.TemporaryDirectory() as folder:
         shards = Path(folder) / "shards"

@@ -1,0 +1,71 @@
+"""`instcls make-shards`: images -> WebDataset tar shards + DALI index files + sample table + manifest.
+
+The listing is shuffled with the seed (stored order = training read order within a shard, so
+shards are not class-sorted) and cut into shards of ``samples_per_shard`` images before anything
+is written: shard j holds positions ``[j*S, (j+1)*S)`` of that order, minus the images that fail
+to decode.  Shards are written in parallel (``data_pipeline.ingest.parallel_ingest``), each by
+``data_pipeline.ingest.shard_writer``; the merge (``data_pipeline.ingest.shard_merge``) then numbers the
+samples 0..N-1 in shard order and writes the manifest last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from data_pipeline.ingest.ingest_state import IngestPlan, Part
+from data_pipeline.ingest.parallel_ingest import run_ingest
+from data_pipeline.ingest.shard_writer import BadImageError, ShardJob, checked_jpeg, shard_name, write_shard
+from data_pipeline.ingest.sources.generated import Source
+from data_pipeline.shardset.manifest import ShardManifest
+from data_pipeline.shardset.sample_ids import decode_int64, encode_int64
+from data_pipeline.shardset.table_file import sha256_of
+
+__all__ = ["BadImageError", "ShardSettings", "checked_jpeg", "decode_int64", "encode_int64", "sha256_of",
+           "write_shards"]
+
+
+@dataclass(frozen=True)
+class ShardSettings:
+    prefix: str = "shard"
+    samples_per_shard: int = 1000
+    on_bad_image: str = "error"  # or "skip"
+    seed: int = 0
+    workers: int = 0  # processes that check/encode images; 0: every CPU this process may use
+    max_side: int | None = None  # shrink larger images so their longer side is this (None: keep)
+
+    def __post_init__(self) -> None:
+        if self.samples_per_shard < 1:
+            raise ValueError(f"--samples-per-shard {self.samples_per_shard}: use at least 1")
+        if self.on_bad_image not in ("error", "skip"):
+            raise ValueError(f"--on-bad-image {self.on_bad_image!r}: choose 'error' or 'skip'")
+        if "/" in self.prefix or not self.prefix:
+            raise ValueError(f"--prefix {self.prefix!r}: use a plain file-name prefix such as 'imagenet-train'")
+        if self.max_side is not None and self.max_side < 8:
+            raise ValueError(f"--max-side {self.max_side}: use at least 8 pixels (or leave it out)")
+
+
+def write_shards(source: Source, out_dir: Path, settings: ShardSettings, progress: bool = True,
+                 part: Part = Part()) -> ShardManifest | None:
+    """Write ``part`` of the shards of ``source`` (resuming a killed run), and, for the only part,
+    the manifest; returns it (None for one part of several: ``merge_shards`` comes after all)."""
+    out_dir = Path(out_dir)
+    count, size = len(source.images), settings.samples_per_shard
+    if count == 0:
+        raise BadImageError(f"{source.name} lists no images")
+    plan = IngestPlan(kind="images", source=source.name, listing_sha256=source.listing_sha256(), count=count,
+                      num_shards=-(-count // size), class_names=source.class_names,
+                      settings={"prefix": settings.prefix, "samples_per_shard": size, "seed": settings.seed,
+                                "max_side": settings.max_side})
+    order = np.random.default_rng(settings.seed).permutation(count)
+
+    def make_job(number: int) -> ShardJob:
+        first = number * size
+        images = [source.images[int(i)] for i in order[first:first + size]]
+        return ShardJob(str(out_dir), settings.prefix, number, first, images, settings.max_side, settings.on_bad_image)
+
+    return run_ingest(out_dir, plan, part, make_job, write_shard, weight=lambda n: min(size, count - n * size),
+                      unit="img", workers=settings.workers, progress=progress,
+                      shard_names=lambda n: shard_name(settings.prefix, n))

@@ -1,0 +1,103 @@
+"""Every random number of the augmentation, drawn in Python before any pixel is decoded.
+
+DALI's per-pipeline RNG cannot be fast-forwarded, so a resumed run could not replay step k
+without running steps 0..k-1.  Here the parameters of a step come from a counter-based generator
+keyed by ``(seed, epoch, step, rank)``; a step is reproducible on its own, and the DALI and the
+fallback loader apply the very same parameters.  The draws per step are fixed in number and
+order (every parameter is drawn even when its step is off), so one parameter never shifts another.
+
+Recipe (see ``data_pipeline.loading.augment.augment_config``), per view and sample: random resized crop (torchvision's
+rule: up to 10 tries of area and log-uniform aspect, else a centre crop), horizontal flip, colour
+jitter and grayscale (one affine colour map, ``data_pipeline.loading.augment.colour``), Gaussian blur.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from data_pipeline.loading.augment.augment_config import CROP_ASPECT, AugmentConfig
+from data_pipeline.loading.augment.colour import colour_maps
+
+CROP_ATTEMPTS = 10
+
+
+@dataclass(frozen=True)
+class ViewParams:
+    """One view of every sample of a step (arrays over the batch).
+
+    ``crop``: int64 ``[b, 4]`` top, left, height, width in source pixels, resized to ``size``
+    square; ``flip``: bool ``[b]``; ``colour``: float32 ``[b, 3, 4]`` affine map ``[M | t]`` on
+    RGB 0..255; ``blur``: bool ``[b]``; ``sigma``: float32 ``[b]`` and ``window``: int32 ``[b]``,
+    the Gaussian kernel's side ``2*ceil(3*sigma)+1`` (used where ``blur``).
+    """
+
+    size: int
+    crop: np.ndarray
+    flip: np.ndarray
+    colour: np.ndarray
+    blur: np.ndarray
+    sigma: np.ndarray
+    window: np.ndarray
+
+
+def augmentation_rng(seed: int, epoch: int, step: int, rank: int) -> np.random.Generator:
+    """The generator of one step of one rank: depends on nothing else, so any step can be redrawn."""
+    return np.random.default_rng([seed, epoch, step, rank])
+
+
+def image_size(data: bytes) -> tuple[int, int]:
+    """``(height, width)`` from the image header (PIL reads no pixels for this)."""
+    with Image.open(io.BytesIO(data)) as image:
+        width, height = image.size
+    return height, width
+
+
+def crop_boxes(rng: np.random.Generator, heights: np.ndarray, widths: np.ndarray, scale: tuple[float, float],
+               ratio: tuple[float, float] = CROP_ASPECT) -> np.ndarray:
+    """Random resized crop boxes ``[b, 4]`` (top, left, height, width), torchvision's rule."""
+    count = heights.shape[0]
+    heights, widths = heights.astype(np.float64), widths.astype(np.float64)
+    target_area = (heights * widths)[:, None] * rng.uniform(scale[0], scale[1], (count, CROP_ATTEMPTS))
+    aspect = np.exp(rng.uniform(math.log(ratio[0]), math.log(ratio[1]), (count, CROP_ATTEMPTS)))
+    position = rng.random((count, 2))
+    crop_w, crop_h = np.round(np.sqrt(target_area * aspect)), np.round(np.sqrt(target_area / aspect))
+    fits = (crop_w > 0) & (crop_w <= widths[:, None]) & (crop_h > 0) & (crop_h <= heights[:, None])
+    first = fits.argmax(axis=1)
+    crop_w, crop_h = crop_w[np.arange(count), first], crop_h[np.arange(count), first]
+    top = np.floor(position[:, 0] * (heights - crop_h + 1))
+    left = np.floor(position[:, 1] * (widths - crop_w + 1))
+    # No try fits: the whole image, cut to the nearest allowed aspect ratio, centred.
+    in_ratio = widths / heights
+    centre_w = np.where(in_ratio > ratio[1], np.round(heights * ratio[1]), widths)
+    centre_h = np.where(in_ratio < ratio[0], np.round(widths / ratio[0]), heights)
+    missed = ~fits.any(axis=1)
+    crop_w, crop_h = np.where(missed, centre_w, crop_w), np.where(missed, centre_h, crop_h)
+    top = np.where(missed, (heights - crop_h) // 2, top)
+    left = np.where(missed, (widths - crop_w) // 2, left)
+    return np.stack([top, left, crop_h, crop_w], axis=1).astype(np.int64)
+
+
+def draw_views(rng: np.random.Generator, heights: np.ndarray, widths: np.ndarray,
+               augment: AugmentConfig) -> list[ViewParams]:
+    """The parameters of every view of ``augment.view_specs()`` (global views first)."""
+    count = heights.shape[0]
+    brightness, contrast, saturation, hue = augment.jitter
+    low = np.array([max(0.0, 1 - brightness), max(0.0, 1 - contrast), max(0.0, 1 - saturation), -hue])
+    high = np.array([1 + brightness, 1 + contrast, 1 + saturation, hue])
+    views = []
+    for size, area in augment.view_specs():
+        crop = crop_boxes(rng, heights, widths, area)
+        flip = rng.random(count) < augment.flip_prob
+        jitter = rng.random(count) < augment.jitter_prob
+        factors = rng.uniform(low, high, (count, 4))
+        grayscale = rng.random(count) < augment.grayscale_prob
+        blur = rng.random(count) < augment.blur_prob
+        sigma = rng.uniform(augment.blur_sigma[0], augment.blur_sigma[1], count).astype(np.float32)
+        window = (2 * np.ceil(3 * sigma) + 1).astype(np.int32)
+        views.append(ViewParams(size, crop, flip, colour_maps(factors, jitter, grayscale), blur, sigma, window))
+    return views

@@ -1,0 +1,158 @@
+"""The DALI loader: encoded images and augmentation parameters come from Python through
+``fn.external_source``; DALI decodes (nvJPEG, ``device="mixed"``, when CUDA is present; the CPU
+decoder with ``device_id=None`` otherwise) and does all pixel work.
+
+Every random choice arrives as a per-sample argument input (crop box -> ``fn.resize`` ROI, colour
+map -> ``fn.coord_transform``, blur flag, sigma and window -> a DALI conditional around
+``fn.gaussian_blur``, flip -> ``crop_mirror_normalize(mirror=...)``); the pipeline has no random
+operator, so its output is a pure function of the step and any step can be produced first.
+
+One pipeline (and its nvJPEG decoder, thread pool and buffers) serves every ``epoch_batches`` call
+of a loader: each pass points its source at a new ``(epoch, steps)``; the source maps DALI's
+iteration i to step ``steps[i]`` and raises ``StopIteration`` past the end (also for DALI's
+look-ahead calls), and resetting the pipeline then restarts its iteration count at 0.  Only a pass
+that ran to its end hands the pipeline back: one left half-way (the trainer stopped, an error) still
+has look-ahead batches queued inside DALI, and resetting such a pipeline is not supported
+(NVIDIA/DALI#4023), so the next pass builds a new one.  DALI returns batches in the order it asked
+for them, so the step metadata waits in a FIFO.  The iterator reuses its output buffers, so
+everything handed out is copied first.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+
+import torch
+from nvidia.dali import Pipeline, fn, pipeline_def, types
+from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+from data_pipeline.loading.augment.augment_config import IMAGENET_MEAN, IMAGENET_STD, AugmentConfig
+from data_pipeline.loading.base_loader import IndexedLoader
+from data_pipeline.loading.batch import Batch
+from data_pipeline.loading.sample_reader import StepReader, StepSamples
+
+_MEAN = [255 * m for m in IMAGENET_MEAN]
+_STD = [255 * s for s in IMAGENET_STD]
+# Per view: ROI start (y, x), ROI end (y, x), colour map [M | t], blur flag, sigma, window, mirror flag.
+_VIEW_TYPES = [types.FLOAT, types.FLOAT, types.FLOAT, types.BOOL, types.FLOAT, types.INT32, types.INT32]
+_VIEW_NDIMS = [1, 1, 2, 0, 0, 0, 0]
+
+
+class _StepSource:
+    """DALI's batch source: iteration i -> the encoded images and view parameters of ``steps[i]``."""
+
+    def __init__(self, reader: StepReader) -> None:
+        self.reader = reader
+        self.start(epoch=0, steps=range(0))
+
+    def start(self, epoch: int, steps: range) -> None:
+        """The next pass: called before DALI asks for its first iteration (build or reset)."""
+        self.epoch, self.steps = epoch, steps
+        self.pending: deque[StepSamples] = deque()  # steps handed to DALI, not yet out of it
+
+    def __call__(self, iteration: int) -> list:
+        if iteration >= len(self.steps):
+            raise StopIteration
+        inputs = self.reader.read(self.epoch, self.steps[iteration])
+        self.pending.append(inputs.samples)
+        outputs = [inputs.jpegs]
+        for view in inputs.views:
+            top_left, height_width = view.crop[:, :2], view.crop[:, 2:]
+            outputs += [top_left.astype("float32"), (top_left + height_width).astype("float32"), view.colour,
+                        view.blur, view.sigma, view.window, view.flip.astype("int32")]
+        return outputs
+
+
+def _view(images, size: int, roi_start, roi_end, colour, blur, sigma, window, mirror):
+    images = fn.resize(images, size=[size, size], roi_start=roi_start, roi_end=roi_end)
+    images = fn.coord_transform(images, MT=colour, dtype=types.UINT8)  # rounds and saturates, like the fallback
+    if blur:
+        images = fn.gaussian_blur(images, sigma=sigma, window_size=window)
+    return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=_MEAN, std=_STD,
+                                    mirror=mirror)
+
+
+@pipeline_def(enable_conditionals=True)
+def _train_pipeline(source: _StepSource, decode_device: str, augment: AugmentConfig):
+    specs = augment.view_specs()
+    jpegs, *params = fn.external_source(
+        source=source, num_outputs=1 + len(_VIEW_TYPES) * len(specs), batch=True,
+        dtype=[types.UINT8] + _VIEW_TYPES * len(specs), ndim=[1] + _VIEW_NDIMS * len(specs),
+    )
+    # EXIF orientation is ignored, as PIL does: crop boxes come from the header size PIL reads.
+    images = fn.decoders.image(jpegs, device=decode_device, output_type=types.RGB, adjust_orientation=False)
+    per_view = len(_VIEW_TYPES)
+    return tuple(_view(images, size, *params[v * per_view:(v + 1) * per_view])
+                 for v, (size, _) in enumerate(specs))
+
+
+@pipeline_def
+def _eval_pipeline(source: _StepSource, decode_device: str, augment: AugmentConfig):
+    jpegs = fn.external_source(source=source, num_outputs=1, batch=True, dtype=[types.UINT8], ndim=[1])[0]
+    images = fn.decoders.image(jpegs, device=decode_device, output_type=types.RGB, adjust_orientation=False)
+    size = augment.image_size
+    images = fn.resize(images, resize_shorter=round(size * augment.eval_resize))
+    return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", crop=[size, size], mean=_MEAN,
+                                    std=_STD)
+
+
+class DaliLoader(IndexedLoader):
+    """See ``data_pipeline.loading.loader.build_loader``; Python reads files with ``num_threads`` threads."""
+
+    # A built pipeline and its source, left by the last pass that ran to its end (None: build one).
+    _idle: tuple[Pipeline, _StepSource] | None = None
+    pipelines_built = 0  # observable by tests: one per loader unless a pass was abandoned
+
+    def _pipeline(self) -> tuple[Pipeline, _StepSource]:
+        if self._idle is not None:
+            idle, self._idle = self._idle, None
+            return idle
+        use_gpu = self.device.type == "cuda"
+        device_id = None  # DALI's CPU-only mode
+        if use_gpu:
+            device_id = torch.cuda.current_device() if self.device.index is None else self.device.index
+        source = _StepSource(self.reader)
+        build = _train_pipeline if self.train else _eval_pipeline
+        pipeline = build(
+            source=source, decode_device="mixed" if use_gpu else "cpu", augment=self.config.augment,
+            batch_size=self.config.batch_size, num_threads=self.config.num_threads,
+            device_id=device_id,
+        )
+        pipeline.build()
+        self.pipelines_built += 1
+        return pipeline, source
+
+    def _batches(self, epoch: int, steps: range) -> Iterator[Batch]:
+        pipeline, source = self._pipeline()
+        source.start(epoch, steps)  # before the iterator's first run asks for iteration 0
+        names = [f"view{v}" for v in range(len(self.view_kinds))]
+        outputs = DALIGenericIterator(pipeline, names, auto_reset=False)
+        while True:
+            try:
+                data = next(outputs)[0]
+            except StopIteration:
+                # The whole pass was read: the pipeline can serve the next one.  Not the iterator's
+                # reset(): it would schedule the next pass's first runs before start() moves the source.
+                pipeline.reset()
+                self._idle = pipeline, source
+                return
+            except RuntimeError as error:  # a DALI operator failed on the next step's batch
+                if not source.pending:
+                    raise
+                raise self._explain(epoch, source, error) from error
+            views = [data[name].clone() for name in names]  # DALI reuses these buffers
+            yield self._batch(views, source.pending.popleft())
+
+    def _explain(self, epoch: int, source: _StepSource, error: RuntimeError) -> RuntimeError:
+        samples = source.pending[0]
+        culprit = self.reader.undecodable(samples) or "no sample of it fails to decode with PIL"
+        return RuntimeError(f"DALI failed on epoch {epoch} step {samples.step}: {culprit}; DALI said: "
+                            f"{_dali_reason(error)}")
+
+
+def _dali_reason(error: RuntimeError) -> str:
+    """The operator's own message from DALI's multi-line error (after its pipeline traceback)."""
+    text = str(error)
+    lines = [line.strip() for line in text.split("encountered:", 1)[-1].splitlines() if line.strip()]
+    return lines[0] if lines else text

@@ -1,0 +1,145 @@
+"""One step of one rank, prepared in Python from ``(epoch, step)`` alone: the sampler's ids, the
+encoded images read by offset, and every augmentation parameter.  Both loader backends start from
+this, so they read the same samples and apply the same parameters; only decoding and pixel work
+differ (DALI graph vs PIL + torchvision)."""
+
+from __future__ import annotations
+
+import io
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from functools import cache
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from data_pipeline.loading.augment.augment_config import AugmentConfig
+from data_pipeline.loading.augment.view_params import ViewParams, augmentation_rng, draw_views, image_size
+from data_pipeline.loading.samplers.base import Sampler, StepIndices
+from data_pipeline.shardset.sample_table import RECREATE, SampleTable, ShardReadError
+
+BLANK_SIDE = 32
+
+
+@cache
+def _blank_jpeg() -> np.ndarray:
+    """What a skipped sample's image is replaced by: mid-grey, so its views stay finite."""
+    encoded = io.BytesIO()
+    Image.new("RGB", (BLANK_SIDE, BLANK_SIDE), (128, 128, 128)).save(encoded, format="JPEG")
+    return np.frombuffer(encoded.getvalue(), dtype=np.uint8)
+
+
+@dataclass(frozen=True)
+class StepSamples:
+    """Who is in the step: ``ids`` int64 ``[b]`` and ``valid`` bool ``[b]`` of this rank,
+    ``global_valid`` over all ranks, ``labels`` int64 ``[b]`` (evaluation only); ``plan``: the
+    sampler's ids and valid marks of every rank; ``next_plan``: the next step's (training only)."""
+
+    step: int
+    ids: np.ndarray
+    valid: np.ndarray
+    global_valid: int
+    labels: np.ndarray | None
+    plan: StepIndices
+    next_plan: StepIndices | None
+    skipped: tuple[str, ...] = ()  # unreadable samples replaced by a blank image and marked not valid
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """``samples`` plus the encoded images (uint8 arrays) and, when training, each view's parameters."""
+
+    samples: StepSamples
+    jpegs: list[np.ndarray]
+    views: list[ViewParams]
+
+
+class StepReader:
+    """Turns ``(epoch, step)`` into ``StepInputs`` for one rank.
+
+    ``read_threads > 1`` reads the images of a step concurrently (``os.pread`` releases the GIL),
+    which hides per-file latency on network storage when one process feeds a fast GPU decoder.
+    """
+
+    def __init__(self, table: SampleTable, sampler: Sampler, rank: int, seed: int, augment: AugmentConfig | None,
+                 read_threads: int = 1, skip_bad_samples: bool = False) -> None:
+        self.table, self.sampler, self.rank, self.seed, self.augment = table, sampler, rank, seed, augment
+        self.read_threads, self.skip_bad_samples = read_threads, skip_bad_samples
+        self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (owning pid: threads do not survive a fork)
+
+    def _map(self, function, items) -> list:
+        if self.read_threads <= 1:
+            return [function(item) for item in items]
+        if self._pool is None or self._pool[0] != os.getpid():
+            self._pool = (os.getpid(), ThreadPoolExecutor(self.read_threads, thread_name_prefix="shard-read"))
+        return list(self._pool[1].map(function, items))
+
+    def _samples(self, epoch: int, step: int) -> StepSamples:
+        indices = self.sampler.step(epoch, step)
+        ids, valid = indices.ids[self.rank], indices.valid[self.rank]
+        out_of_range = ids[(ids < 0) | (ids >= self.table.num_samples)]
+        if out_of_range.size:
+            raise ValueError(f"{type(self.sampler).__name__} named ids {out_of_range[:5].tolist()} at epoch {epoch} "
+                             f"step {step}, outside the shard set's [0, {self.table.num_samples})")
+        training = self.augment is not None
+        labels = None if training else np.array(self._map(self._label, ids), dtype=np.int64)
+        return StepSamples(step, ids.astype(np.int64), valid.astype(bool), indices.global_valid, labels, indices,
+                           self._following(epoch, step) if training else None)
+
+    def _following(self, epoch: int, step: int):
+        """The sampler's plan of the step after ``(epoch, step)``: the sequence runs on across epochs."""
+        if step + 1 < self.sampler.steps_per_epoch:
+            return self.sampler.step(epoch, step + 1)
+        return self.sampler.step(epoch + 1, 0)
+
+    def _label(self, sample_id: int) -> int:
+        try:
+            return self.table.read_label(sample_id)
+        except ShardReadError:
+            if not self.skip_bad_samples:
+                raise
+            return -1  # its image read fails too and marks the sample not valid
+
+    def _sized_jpeg(self, sample_id: int) -> tuple[np.ndarray, tuple[int, int]]:
+        data = self.table.read_jpeg(sample_id)
+        try:
+            size = image_size(data)
+        except Exception as error:  # PIL raises many types for bad data
+            unknown = isinstance(error, UnidentifiedImageError)
+            reason = "no known image header" if unknown else f"{type(error).__name__}: {error}"
+            raise ValueError(f"{self.table.describe(sample_id)}: .jpg is not a readable image ({reason}); "
+                             f"{RECREATE}") from error
+        return np.frombuffer(data, dtype=np.uint8), size
+
+    def _sized_jpeg_or_blank(self, sample_id: int) -> tuple[np.ndarray, tuple[int, int], str | None]:
+        """``_sized_jpeg``, or with ``skip_bad_samples`` a blank image and why the sample was skipped."""
+        try:
+            return (*self._sized_jpeg(sample_id), None)
+        except (ShardReadError, ValueError) as error:
+            if not self.skip_bad_samples:
+                raise
+            return _blank_jpeg(), (BLANK_SIDE, BLANK_SIDE), str(error).split("; ")[0]
+
+    def read(self, epoch: int, step: int) -> StepInputs:
+        samples = self._samples(epoch, step)
+        jpegs, sizes, problems = zip(*self._map(self._sized_jpeg_or_blank, samples.ids.tolist()))
+        if any(problems):
+            valid = samples.valid & np.array([problem is None for problem in problems])
+            samples = replace(samples, valid=valid, skipped=tuple(p for p in problems if p))
+        views = []
+        if self.augment is not None:
+            heights, widths = np.array(sizes, dtype=np.int64).T
+            views = draw_views(augmentation_rng(self.seed, epoch, step, self.rank), heights, widths, self.augment)
+        return StepInputs(samples, list(jpegs), views)
+
+    def undecodable(self, samples: StepSamples) -> str | None:
+        """The first sample of a step that PIL cannot fully decode, named by shard and key (for
+        turning a decoder's failure on a whole batch into an actionable message)."""
+        for sample_id in samples.ids.tolist():
+            try:
+                with Image.open(io.BytesIO(self.table.read_jpeg(sample_id))) as image:
+                    image.load()
+            except Exception as error:  # PIL raises many types for bad data
+                return f"{self.table.describe(sample_id)}: .jpg does not decode ({type(error).__name__}: {error})"
+        return None

@@ -1,0 +1,101 @@
+"""The fallback loader: PIL decode and torchvision.transforms.v2 functional ops in DataLoader
+worker processes; selectable with ``data.backend: torch`` and the baseline of ``instcls bench data``.
+
+It is a map-style dataset over steps: item i is the whole batch of step ``steps[i]`` of this rank,
+so workers prepare whole steps ahead in order, and starting at step k costs nothing.  It applies
+the parameters of ``data_pipeline.loading.augment.view_params`` with the same operations as the DALI graph: crop
+box resized with antialiased bilinear filtering, the affine colour map rounded and saturated to
+uint8, the Gaussian blur with the drawn sigma and kernel window, flip, normalisation.  What
+still differs is the decoders' and resamplers' arithmetic: under one grey level on average, a few
+at sharp edges (``tests/integration/test_loaders.py`` holds both backends to that).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+from torchvision.transforms.v2 import functional as F
+
+from data_pipeline.loading.augment.augment_config import IMAGENET_MEAN, IMAGENET_STD, AugmentConfig
+from data_pipeline.loading.augment.view_params import ViewParams
+from data_pipeline.loading.base_loader import IndexedLoader
+from data_pipeline.loading.batch import Batch
+from data_pipeline.loading.sample_reader import StepReader, StepSamples
+from data_pipeline.shardset.sample_table import RECREATE
+
+
+def decode_rgb(data: np.ndarray, where: str) -> torch.Tensor:
+    """uint8 ``[3, H, W]``; ``where`` names the sample in the error."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            rgb = image.convert("RGB")
+    except Exception as error:  # PIL raises many types for bad data
+        raise ValueError(f"{where}: .jpg does not decode ({type(error).__name__}: {error}); {RECREATE}") from error
+    return F.pil_to_tensor(rgb)
+
+
+def recolour(image: torch.Tensor, colour: np.ndarray) -> torch.Tensor:
+    """Apply an affine colour map ``[M | t]`` to a uint8 image, rounding and saturating like DALI."""
+    affine = torch.from_numpy(colour)
+    out = torch.einsum("ij,jhw->ihw", affine[:, :3], image.float()) + affine[:, 3, None, None]
+    return out.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def normalise(image: torch.Tensor) -> torch.Tensor:
+    return F.normalize(F.to_dtype(image, torch.float32, scale=True), IMAGENET_MEAN, IMAGENET_STD)
+
+
+def augmented_view(image: torch.Tensor, view: ViewParams, index: int) -> torch.Tensor:
+    """Sample ``index``'s view ``view`` of a decoded uint8 image, float32 ``[3, size, size]``."""
+    top, left, height, width = view.crop[index].tolist()
+    out = F.resized_crop(image, top, left, height, width, [view.size, view.size], antialias=True)
+    out = recolour(out, view.colour[index])
+    if view.blur[index]:
+        sigma, window = float(view.sigma[index]), int(view.window[index])
+        out = F.gaussian_blur(out, [window, window], [sigma, sigma])
+    if view.flip[index]:
+        out = F.horizontal_flip(out)
+    return normalise(out)
+
+
+def eval_view(image: torch.Tensor, augment: AugmentConfig) -> torch.Tensor:
+    """The inference view: shorter side to ``image_size * eval_resize``, centre crop ``image_size``."""
+    out = F.resize(image, [round(augment.image_size * augment.eval_resize)], antialias=True)
+    return normalise(F.center_crop(out, [augment.image_size, augment.image_size]))
+
+
+class _StepViews(Dataset):
+    """Item i: the views ``[b, 3, s, s]`` of step ``steps[i]`` and its ``StepSamples``."""
+
+    def __init__(self, reader: StepReader, epoch: int, steps: range, augment: AugmentConfig, train: bool) -> None:
+        self.reader, self.epoch, self.steps, self.augment, self.train = reader, epoch, steps, augment, train
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __getitem__(self, index: int) -> tuple[list[torch.Tensor], StepSamples]:
+        inputs = self.reader.read(self.epoch, self.steps[index])
+        describe = self.reader.table.describe
+        images = [decode_rgb(jpeg, describe(i)) for jpeg, i in zip(inputs.jpegs, inputs.samples.ids.tolist())]
+        if not self.train:
+            return [torch.stack([eval_view(image, self.augment) for image in images])], inputs.samples
+        views = [torch.stack([augmented_view(image, view, i) for i, image in enumerate(images)])
+                 for view in inputs.views]
+        return views, inputs.samples
+
+
+class TorchLoader(IndexedLoader):
+    """See ``data_pipeline.loading.loader.build_loader``; ``num_threads`` worker processes, each a step at a time."""
+
+    def _batches(self, epoch: int, steps: range) -> Iterator[Batch]:
+        dataset = _StepViews(self.reader, epoch, steps, self.config.augment, self.train)
+        # Pinned host memory lets the copy to the GPU run asynchronously (see ``_batch``).
+        workers = DataLoader(dataset, batch_size=None, num_workers=self.config.num_threads, prefetch_factor=2,
+                             pin_memory=self.device.type == "cuda")
+        for views, samples in workers:
+            yield self._batch(views, samples)

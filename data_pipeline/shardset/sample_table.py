@@ -1,0 +1,129 @@
+"""Random access into a shard set: instance id -> (tar file, byte offset, size) of its image, and its label.
+
+Samplers name samples by id, so loaders must read any sample without streaming its shard.  Row i
+of the shard set's sample table (``data_pipeline.shardset.table_file``, written by make-shards) is id i:
+it is memory-mapped, so opening 14.2M ids costs a header read, every rank of a node shares the
+pages, and a lookup touches one 4 KiB page.  Format-1 sets (no table yet) get theirs built in
+memory from the ``.idx`` files (``data_pipeline.shardset.legacy_table``), with a warning naming the command
+that writes it once.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from data_pipeline.shardset.legacy_table import RECREATE, rows_from_index_files
+from data_pipeline.shardset.manifest import MANIFEST_NAME, ShardEntry, ShardManifest
+from data_pipeline.shardset.sample_ids import ID_BYTES, decode_int64
+from data_pipeline.shardset.table_file import open_table
+from data_pipeline.shardset.tar_index import read_dali_index
+
+
+class ShardReadError(OSError):
+    """A sample's bytes cannot be read as the index says (truncated or replaced tar file)."""
+
+
+class LegacyShardSetWarning(UserWarning):
+    """A shard set without a sample table: every process parses its index files."""
+
+
+class SampleTable:
+    """Where each instance's image lies, and its label; reads images by id with ``os.pread``.
+
+    Files are opened per read: a step touches up to ``batch`` different shards out of thousands,
+    more than a process may keep open, and nothing open survives into forked workers.
+    """
+
+    def __init__(self, shard_dir: Path) -> None:
+        self.shard_dir = Path(shard_dir)
+        manifest = ShardManifest.load(self.shard_dir)
+        self.num_samples = manifest.num_instances
+        self.shards = sorted(manifest.shards, key=lambda entry: entry.first_id) if manifest.legacy else manifest.shards
+        first_ids = np.array([entry.first_id for entry in self.shards], dtype=np.int64)
+        ends = first_ids + np.array([entry.count for entry in self.shards], dtype=np.int64)
+        contiguous = len(self.shards) > 0 and first_ids[0] == 0 and np.array_equal(first_ids[1:], ends[:-1])
+        if not contiguous or ends[-1] != self.num_samples:
+            raise ValueError(f"{self.shard_dir}/manifest.json: shards do not hold ids 0..{self.num_samples - 1} "
+                             f"contiguously in their order; {RECREATE}")
+        self._label_offsets = None  # format 1: labels are read from the tars
+        if manifest.legacy:
+            started = time.perf_counter()
+            self.rows, self._label_offsets = rows_from_index_files(self.shard_dir, manifest)
+            warnings.warn(f"{self.shard_dir} was written by an older make-shards and has no sample table: this "
+                          f"process parsed its {self.num_samples} index entries in "
+                          f"{time.perf_counter() - started:.2f} s. Run `instcls upgrade-shards {self.shard_dir}` "
+                          "once; every process then maps the table in milliseconds", LegacyShardSetWarning,
+                          stacklevel=2)
+        else:
+            rebuild = f"rebuild it with `instcls merge-shards {self.shard_dir}`, or {RECREATE}"
+            self.rows = open_table(self.shard_dir / manifest.table, self.num_samples, rebuild)
+            # A table of another shard set of the same size would pass the checks above: the first
+            # and last rows must lie in the first and last shards.
+            if self.rows[0]["shard"] != 0 or self.rows[-1]["shard"] != len(self.shards) - 1:
+                raise ValueError(f"{self.shard_dir / manifest.table}: its rows do not match the manifest's shards; "
+                                 f"{rebuild}")
+
+    def shard_of(self, sample_id: int) -> ShardEntry:
+        return self.shards[int(self.rows[sample_id]["shard"])]
+
+    def describe(self, sample_id: int) -> str:
+        """``"<tar> key <key>"``: how error messages name a sample."""
+        return f"{self.shard_of(sample_id).tar} key {self._key(sample_id)}"
+
+    def _key(self, sample_id: int) -> str:
+        """The key of the sample's image in its tar (read from the index file: only errors need it)."""
+        entry, offset = self.shard_of(sample_id), int(self.rows[sample_id]["offset"])
+        try:
+            keys = _keys_by_offset(str(self.shard_dir / entry.index))
+        except (OSError, ValueError):
+            return f"? (image at byte {offset})"
+        return keys.get(offset, f"? (image at byte {offset})")
+
+    def _read(self, sample_id: int, offset: int, size: int, component: str) -> bytes:
+        path = self.shard_dir / self.shard_of(sample_id).tar
+        try:
+            handle = os.open(path, os.O_RDONLY)
+        except OSError as error:
+            raise ShardReadError(f"{self.describe(sample_id)}: cannot open {path} ({error}); {RECREATE}") from error
+        try:
+            data = os.pread(handle, size, offset)
+        finally:
+            os.close(handle)
+        if len(data) != size:
+            raise ShardReadError(f"{self.describe(sample_id)}: .{component} needs {size} bytes at offset {offset}, the "
+                                 f"file has {len(data)} there (truncated or rewritten tar); {RECREATE}")
+        return data
+
+    def read_jpeg(self, sample_id: int) -> bytes:
+        row = self.rows[sample_id]
+        return self._read(sample_id, int(row["offset"]), int(row["size"]), "jpg")
+
+    def read_label(self, sample_id: int) -> int:
+        if self._label_offsets is not None:
+            return decode_int64(self._read(sample_id, int(self._label_offsets[sample_id]), ID_BYTES, "cls"))
+        return int(self.rows[sample_id]["label"])
+
+
+@functools.lru_cache(maxsize=8)
+def _keys_by_offset(index_path: str) -> dict[int, str]:
+    return {component.offset: sample.key for sample in read_dali_index(Path(index_path))
+            for component in sample.components}
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_table(shard_dir: str, manifest_mtime_ns: int) -> SampleTable:
+    return SampleTable(Path(shard_dir))
+
+
+def sample_table(shard_dir: Path) -> SampleTable:
+    """The table of ``shard_dir``, opened once per process (a train and an eval loader share it);
+    a rewritten manifest (new mtime) is opened again."""
+    manifest_path = Path(shard_dir).resolve() / MANIFEST_NAME
+    mtime = manifest_path.stat().st_mtime_ns if manifest_path.exists() else 0
+    return _cached_table(str(manifest_path.parent), mtime)

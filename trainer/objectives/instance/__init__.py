@@ -1,0 +1,1 @@
+"""The paper's method: full instance classification with the sharded classifier."""

@@ -1,0 +1,1 @@
+"""SwAV: prototypes, distributed Sinkhorn codes, swapped prediction over multi-crop views."""
