@@ -108,6 +108,9 @@ def test_resharding_2_to_1_to_2_continues_the_same_training(digits_split, tmp_pa
             assert gap < 1 and cosine > 0.6, f"{key} after resharding ({mine}): gap {gap:.3f}, cosine {cosine:.3f}"
 
 
+# default suite: the kernel's in-backward update and logits cache against the float64 reference
+# and torch SGD (tests/unit/test_kernel.py); this is the trainer's wiring of both options
+@pytest.mark.slow
 def test_in_backward_update_and_logits_cache_train_like_the_plain_step(digits_split, tmp_path):
     """What `instcls plan` predicts, the trainer runs: W updated chunk by chunk inside the backward
     (no full gradient) and the forward's logits cached for the backward give the same training as

@@ -5,12 +5,14 @@ A checkpoint keeps one copy of replicated state (rank 0's plain part on a change
 rank updates on its own and that silently drifts apart therefore makes the saved job differ from
 the one that ran.  What counts as replicated:
 
-- the network: every parameter (below ZeRO-3, where each rank holds them whole) and every buffer
-  (BatchNorm's running statistics: see ``trainer.parallel.batch_norm``);
+- the network: every parameter (below ZeRO-3, where each rank holds them whole) and every buffer,
+  except, under ``model.batch_norm: local``, each rank's own BatchNorm running statistics, whose
+  average over the ranks (what is saved and scored, ``trainer.parallel.batch_norm``) is checked
+  instead;
 - every checkpoint component's plain state (the trainer's position, the sampler, the objective's
   counters, prototypes and recent-id queues) — everything except the rows wrapped in
-  ``ShardedRows`` (each rank's own classifier rows, queue slices, hard-negative tables) and the
-  per-rank RNG streams.
+  ``ShardedRows`` (each rank's own classifier rows, queue slices, hard-negative tables), the
+  per-rank RNG streams and the per-rank BatchNorm statistics entry.
 
 ``diverged_entries`` hashes each entry exactly (sha256 of its bytes) and compares the digests over
 the control group (gloo, host memory): one small all-gather at a save or an evaluation, never in

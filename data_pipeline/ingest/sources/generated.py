@@ -19,6 +19,7 @@ from typing import Callable
 import numpy as np
 from PIL import Image
 
+from data_pipeline.ingest.sources.registry import Flag, SourceKind
 from data_pipeline.ingest.sources.scenes import BACKGROUND_KINDS, DIGIT_FRACTION, MAX_ANGLE
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
@@ -157,9 +158,7 @@ def synthetic(count: int, image_size: int, seed: int = 0) -> Source:
 
 # --- as `instcls make-shards --source digits | digit-scenes | synthetic` -------------------------
 
-def _kinds():
-    from data_pipeline.ingest.sources.registry import Flag, SourceKind
-
+def _kinds() -> tuple[SourceKind, SourceKind, SourceKind]:
     size = Flag("--image-size", "side of the images in pixels (default 32)", {"type": int, "default": 32})
     split = Flag("--split", "the fixed 20%% held-out digits (val) or the rest (train)",
                  {"default": "all", "choices": list(DIGITS_SPLITS)})
