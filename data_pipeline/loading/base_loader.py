@@ -97,4 +97,6 @@ class IndexedLoader:
             skipped=samples.skipped,
             plan=samples.plan,
             next_plan=samples.next_plan,
+            host_instance_ids=samples.ids,
+            host_valid=samples.valid,
         )

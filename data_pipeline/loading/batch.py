@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from data_pipeline.loading.samplers.base import StepIndices
@@ -25,6 +26,8 @@ class Batch:
     plan: the sampler's ids and valid marks of every rank this step (host arrays, no communication).
     next_plan: the same for the step that follows (the next epoch's first after the last step of
         an epoch), so that an objective can prefetch; None for evaluation loaders.
+    host_instance_ids, host_valid: ``instance_ids`` and ``valid`` as numpy arrays on the host, for
+        code that needs their values without waiting for the device (per-id logs).
     """
 
     views: list[torch.Tensor]
@@ -37,3 +40,5 @@ class Batch:
     skipped: tuple[str, ...] = ()
     plan: StepIndices | None = None
     next_plan: StepIndices | None = None
+    host_instance_ids: np.ndarray | None = None
+    host_valid: np.ndarray | None = None

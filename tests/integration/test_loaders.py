@@ -52,6 +52,9 @@ def test_two_ranks_see_every_instance_once_per_epoch(digits_shards, backend, las
                 planned = loader.sampler.step(epoch, step)
                 assert batch.instance_ids.tolist() == planned.ids[rank].tolist()
                 assert batch.valid.tolist() == planned.valid[rank].tolist()
+                # the same on the host, for per-id logs that must not wait for the device
+                assert batch.host_instance_ids.tolist() == batch.instance_ids.tolist()
+                assert batch.host_valid.tolist() == batch.valid.tolist()
             epoch_ids.append(ids[valid])
             per_rank.append(batches)
             assert ids[valid].unique().numel() == int(valid.sum()), "an id is valid at most once per rank"
@@ -238,6 +241,7 @@ def test_with_on_bad_sample_skip_a_bad_sample_is_not_valid_and_named_and_the_res
         assert torch.equal(batch.instance_ids, good.instance_ids)
         is_bad = batch.instance_ids == bad_id
         assert torch.equal(batch.valid, good.valid & ~is_bad)
+        assert batch.host_valid.tolist() == batch.valid.tolist()  # a skipped sample is not valid on the host
         for view, good_view in zip(batch.views, good.views):
             assert torch.equal(view[~is_bad], good_view[~is_bad]) and view.isfinite().all()
         skipped += batch.skipped

@@ -36,6 +36,29 @@ def test_a_save_that_cannot_fit_is_refused_before_anything_is_written(tmp_path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000000002"]
 
 
+def test_the_previous_checkpoint_is_sized_from_its_manifest_without_walking_it(tmp_path, monkeypatch):
+    """Every rank sizes the previous checkpoint at every save: from its manifest, one file, not a walk
+    and a stat of each of its files (64 ranks on a shared filesystem); a checkpoint without a
+    manifest (written before manifests) is still walked."""
+    from trainer.checkpoint.checkpoint_files import checkpoint_bytes, write_manifest
+
+    checkpoint = tmp_path / "step_000000002"
+    (checkpoint / "components" / "objective").mkdir(parents=True)
+    (checkpoint / "components" / "objective" / "rank-00000.pt").write_bytes(b"x" * 3000)
+    (checkpoint / "model.pt").write_bytes(b"y" * 700)
+    (checkpoint / "trainer.json").write_text("{}")
+    walked = checkpoint_bytes(checkpoint)  # no manifest yet: walked
+    assert walked == 3702
+    write_manifest(checkpoint)
+    expected = walked + (checkpoint / "manifest.json").stat().st_size
+
+    def no_walking(self, pattern):
+        raise AssertionError(f"walked {self}")
+
+    monkeypatch.setattr(Path, "rglob", no_walking)
+    assert checkpoint_bytes(checkpoint) == expected
+
+
 class _ZipWriter:
     """A DeepSpeed checkpoint engine writing with torch.save's zip writer."""
 

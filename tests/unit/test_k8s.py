@@ -174,6 +174,15 @@ def pod_failure_action(policy: dict, container: str, exit_code: int, conditions:
     return "Count"
 
 
+def test_the_rendezvous_service_resolves_pods_before_they_are_ready():
+    """torchrun's c10d store starts on pod 0 while that pod is not Ready; a headless Service publishes
+    only Ready addresses unless told otherwise, and the first rendezvous could time out resolving it."""
+    services = [d for _, d in all_documents() if d.get("kind") == "Service"]
+    assert services
+    for service in services:
+        assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+
+
 def test_the_indexed_job_retries_a_preemption_uncounted_and_fails_fast_on_a_permanent_code():
     """The codes the Job's rules name are the launcher's (``trainer.exit_codes``), read from the YAML."""
     from trainer.exit_codes import PERMANENT, RETRYABLE, ExitCode

@@ -86,6 +86,19 @@ def write_manifest(path: Path, entries: dict[str, dict] | None = None) -> None:
     (path / MANIFEST).write_text(json.dumps(dict(sorted(entries.items())), indent=0))
 
 
+def checkpoint_bytes(path: Path) -> int:
+    """A complete checkpoint's size on disk: from its manifest (one small file read) when it has
+    one, so that 64 ranks sizing the previous checkpoint at every save do not each walk and stat
+    its thousands of files on a shared filesystem; by walking it otherwise (older checkpoints)."""
+    path = Path(path)
+    try:
+        entries = json.loads((path / MANIFEST).read_text())
+        extra = sum((path / name).stat().st_size for name in (MANIFEST, TRAINER_FILE) if (path / name).is_file())
+        return sum(int(entry["bytes"]) for entry in entries.values()) + extra
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
 def checkpoint_damage(path: Path) -> str | None:
     """What is wrong with a complete checkpoint's files, or None (also for one without a manifest,
     written before manifests existed)."""

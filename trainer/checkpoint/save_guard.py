@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from trainer.checkpoint.checkpoint_files import checkpoint_bytes
 from trainer.parallel import ParallelDims
 
 
@@ -30,10 +31,6 @@ class CheckpointInterrupted(RuntimeError):
 
 class PeerSaveFailed(RuntimeError):
     """A collective step of a save (DCP's, the commit's) failed because of another rank's failure."""
-
-
-def _bytes_in(path: Path) -> int:
-    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
 def _existing_parent(path: Path) -> Path:
@@ -100,7 +97,7 @@ def _another_rank_failed(error: Exception) -> bool:
 def check_space(directory: Path, final: Path, previous: Path | None, dims: ParallelDims) -> SpacePlan:
     """Refuse, on every rank together and before writing anything, a save of ``final`` that cannot
     fit, expecting it to be as big as ``previous`` (the newest complete checkpoint, if any)."""
-    plan = SpacePlan(directory, previous, _bytes_in(previous) if previous else 0,
+    plan = SpacePlan(directory, previous, checkpoint_bytes(previous) if previous else 0,
                      shutil.disk_usage(_existing_parent(Path(directory))).free)
     shortfall = torch.tensor([max(0, plan.expected_bytes - plan.free_bytes)], dtype=torch.int64)
     if dims.is_distributed:

@@ -226,9 +226,9 @@ class Trainer:
             loss, stop_agreed = self._step(batch, validate=log_step)
             state.global_step += 1
             state.step_in_epoch += 1
-            if config.logging.consumed_ids:  # padding repeats are not consumed
+            if config.logging.consumed_ids:  # padding repeats are not consumed; host arrays: no device sync
                 self.log.write(event="consumed", epoch=epoch, step=state.global_step,
-                               ids=batch.instance_ids[batch.valid].tolist())
+                               ids=batch.host_instance_ids[batch.host_valid].tolist())
             self.record.step_done(batch.instance_ids.shape[0], data_wait, time.perf_counter() - step_start,
                                   state.step_in_epoch / self.steps_per_epoch)
             bar.update(1)
