@@ -168,13 +168,14 @@ class ShardedCosineClassifier(nn.Module):
         return loss_sum / self._loss_denominator(all_valid, global_valid)
 
     def _target_weights(self, top_k: int, device: torch.device) -> torch.Tensor:
-        """``[1, 1 + K]``: the instance's ``1 - alpha``, then ``alpha / K`` per hard negative."""
+        """``[1, 1 + K]``: the instance's ``1 - alpha``, then ``alpha / K`` per hard negative.  Built
+        from fills only (an element assignment copies a host scalar into the device tensor, which
+        can make the host wait every step)."""
         if top_k == 0:
             return torch.ones(1, 1, device=device)
         alpha = self.config.smoothing_alpha
-        weights = torch.full((1, 1 + top_k), alpha / top_k, device=device)
-        weights[0, 0] = 1.0 - alpha
-        return weights
+        return torch.cat([torch.full((1, 1), 1.0 - alpha, device=device),
+                          torch.full((1, top_k), alpha / top_k, device=device)], dim=1)
 
     def _loss_denominator(self, scored_valid: torch.Tensor, global_valid: int | None):
         """What the sum of this rank's scored losses is divided by.

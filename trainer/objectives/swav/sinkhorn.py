@@ -42,7 +42,7 @@ def distributed_sinkhorn(scores: torch.Tensor, epsilon: float, iterations: int, 
     if total_valid is None:
         count = valid.sum().to(dtype)
         total_valid = int(all_reduce_(count, dist.ReduceOp.SUM, group, timer))
-    minus_inf = torch.tensor(-math.inf, dtype=dtype, device=log_q.device)
+    minus_inf = -math.inf  # a Python scalar: torch.tensor(..., device=cuda) would copy from the host each call
     log_q = torch.where(valid[:, None], log_q, minus_inf)
     log_k, log_b = math.log(num_prototypes), math.log(max(total_valid, 1))
     for _ in range(iterations):
