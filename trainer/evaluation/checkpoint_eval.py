@@ -6,12 +6,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.checkpoint.rng_state import reseed
-from trainer.evaluation.features import EvaluationData, features_digest, gather_to_host, save_features
+from trainer.evaluation.features import EvaluationData, features_digest, gather_to_rank0_host, save_features
 from trainer.evaluation.knn import sharded_knn_accuracy
 from trainer.evaluation.linear import linear_probe_accuracy
 from trainer.evaluation.sharded_knn import knn_bank_shard
 from trainer.models import build_model
 from trainer.parallel import init_distributed
+from trainer.parallel.collectives import object_from_rank0
 
 PROTOCOLS = ("knn", "linear")
 
@@ -55,8 +56,10 @@ def frozen_accuracy(model, config, protocol: str, features_out: Path | None = No
         accuracy = sharded_knn_accuracy(shard, queries.features, queries.labels, config.eval.knn_k,
                                         config.eval.knn_temperature, group)
         return FrozenAccuracy(f"kNN (k={config.eval.knn_k}, cosine)", accuracy, digest, dims.rank)
-    # the probe needs the whole bank in one process: gathered to every rank's host memory
-    bank_features, bank_labels = gather_to_host(bank, dims)
-    query_features, query_labels = gather_to_host(queries, dims)
-    accuracy = linear_probe_accuracy(bank_features, bank_labels, query_features, query_labels)
-    return FrozenAccuracy("linear probe", accuracy, digest, dims.rank)
+    # the probe needs the whole bank in one process: gathered into rank 0's host memory only
+    bank_features, bank_labels = gather_to_rank0_host(bank, dims)
+    query_features, query_labels = gather_to_rank0_host(queries, dims)
+    accuracy = None
+    if dims.rank == 0:
+        accuracy = linear_probe_accuracy(bank_features, bank_labels, query_features, query_labels)
+    return FrozenAccuracy("linear probe", object_from_rank0(accuracy, dims.control_group), digest, dims.rank)

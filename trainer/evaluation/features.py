@@ -1,7 +1,8 @@
 """Backbone features of a labelled shard set, each rank keeping the rows of the samples it extracted.
 
 Nothing here gathers a whole bank: at ImageNet-21K scale that is 14.2M x 2048 x 4 B per rank.
-``gather_to_host`` does, for the linear probe only, which needs every feature in one process.
+``gather_to_rank0_host`` does, into rank 0 only, for the linear probe, which needs every feature in
+one process.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from data_pipeline.contract import IndexedLoader, Sampler, build_loader, sample_
 from trainer.evaluation.bank_subset import SubsetSampler, bank_subset_ids
 from trainer.models.backbone import InstanceModel
 from trainer.parallel import ParallelDims
-from trainer.parallel.collectives import gather_rows, gather_uneven_rows, group_size
+from trainer.parallel.collectives import gather_rows, gather_uneven_rows_to_rank0, group_size
 
 BANK_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
@@ -91,23 +92,31 @@ class EvaluationData:
         return extract_local_features(model, self.bank, self.bank_dtype), extract_local_features(model, self.queries)
 
 
-def gather_to_host(local: LocalFeatures, dims: ParallelDims,
-                   block_rows: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
-    """Collective: ``(features [N, F] float32, labels [N])`` of every rank's rows on every rank's CPU,
-    sorted by id.  Needs the whole set in host memory (the linear probe's input); moved through
-    the device ``block_rows`` rows at a time, each block written to its place in one buffer."""
+def gather_to_rank0_host(local: LocalFeatures, dims: ParallelDims,
+                         block_rows: int = 8192) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Collective: ``(features [N, F] float32, labels [N])`` of every rank's rows, sorted by id, in
+    rank 0's host memory; ``(None, None)`` on the other ranks, which hold nothing more than their
+    own rows (at ImageNet-21K a whole fp32 bank is ~116 GB: once per job, not once per rank).
+    Moved through the device ``block_rows`` rows at a time, each block written to its place."""
     group = dims.data_parallel_group
-    all_ids = gather_uneven_rows(local.ids, group).cpu()
-    sorted_ids = all_ids.sort().values
-    features = torch.empty((len(all_ids), local.features.shape[1]), dtype=torch.float32)
-    labels = torch.empty(len(all_ids), dtype=torch.int64)
-    most_rows = int(gather_rows(torch.tensor([len(local.ids)], device=local.ids.device), group).max())
-    for start in range(0, most_rows, block_rows):  # the same number of rounds on every rank
+    counts = gather_rows(torch.tensor([len(local.ids)], device=local.ids.device), group).tolist()
+    all_ids = gather_uneven_rows_to_rank0(local.ids, group, counts)
+    receiving = all_ids is not None
+    if receiving:
+        sorted_ids = all_ids.cpu().sort().values
+        features = torch.empty((len(sorted_ids), local.features.shape[1]), dtype=torch.float32)
+        labels = torch.empty(len(sorted_ids), dtype=torch.int64)
+    for start in range(0, max(counts), block_rows):  # the same number of rounds on every rank
         block = slice(start, start + block_rows)
-        places = torch.searchsorted(sorted_ids, gather_uneven_rows(local.ids[block], group).cpu())
-        features[places] = gather_uneven_rows(local.features[block], group).cpu().float()
-        labels[places] = gather_uneven_rows(local.labels[block], group).cpu()
-    return features, labels
+        block_counts = [max(0, min(count - start, block_rows)) for count in counts]
+        ids = gather_uneven_rows_to_rank0(local.ids[block], group, block_counts)
+        rows = gather_uneven_rows_to_rank0(local.features[block], group, block_counts)
+        row_labels = gather_uneven_rows_to_rank0(local.labels[block], group, block_counts)
+        if receiving:
+            places = torch.searchsorted(sorted_ids, ids.cpu())
+            features[places] = rows.cpu().float()
+            labels[places] = row_labels.cpu()
+    return (features, labels) if receiving else (None, None)
 
 
 def features_digest(local: LocalFeatures, group) -> str:
@@ -139,9 +148,11 @@ def save_features(path: Path, bank: LocalFeatures, queries: LocalFeatures, dims:
     ImageNet bank."""
     saved = {}
     for name, local in (("bank", bank), ("queries", queries)):
-        features, labels = gather_to_host(local, dims)
-        ids = gather_uneven_rows(local.ids, dims.data_parallel_group).cpu().sort().values
-        saved[name] = {"ids": ids, "labels": labels, "features": features}
+        features, labels = gather_to_rank0_host(local, dims)
+        counts = gather_rows(torch.tensor([len(local.ids)], device=local.ids.device), dims.data_parallel_group)
+        ids = gather_uneven_rows_to_rank0(local.ids, dims.data_parallel_group, counts.tolist())
+        if dims.rank == 0:
+            saved[name] = {"ids": ids.cpu().sort().values, "labels": labels, "features": features}
     if dims.rank == 0:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import time
 
-from trainer.evaluation.features import EvaluationData, features_digest, gather_to_host
+from trainer.evaluation.features import EvaluationData, features_digest, gather_to_rank0_host
 from trainer.evaluation.knn import sharded_knn_accuracy
 from trainer.evaluation.linear import linear_probe_accuracy, linear_probe_curve
 from trainer.evaluation.sharded_knn import knn_bank_shard
 from trainer.models.backbone import InstanceModel
 from trainer.parallel import ParallelDims
+from trainer.parallel.collectives import object_from_rank0
 
 
 class FrozenFeatureScores:
@@ -36,7 +37,9 @@ class FrozenFeatureScores:
         shard = knn_bank_shard(bank.features, bank.labels, bank.ids, self.dims.data_parallel_group)
         knn = sharded_knn_accuracy(shard, queries.features, queries.labels, self.config.eval.knn_k,
                                    self.config.eval.knn_temperature, self.dims.data_parallel_group)
-        probe_inputs = (*gather_to_host(bank, self.dims), *gather_to_host(queries, self.dims)) if linear else None
+        probe_inputs = None
+        if linear:  # the probe runs on rank 0, the only rank that gathers the features
+            probe_inputs = (*gather_to_rank0_host(bank, self.dims), *gather_to_rank0_host(queries, self.dims))
         return knn, features_digest(queries, self.dims.data_parallel_group), probe_inputs
 
     def score(self, trained: InstanceModel, linear: bool = False) -> dict:
@@ -44,7 +47,8 @@ class FrozenFeatureScores:
         trained network's held-out features, ``features_digest``, what `instcls eval` prints), plus
         with ``linear`` the probe of both networks and the trained one's learning curve
         (``linear_curve``: label fraction -> accuracy).
-        The probe fits on the bank gathered into host memory (``eval.bank_samples`` bounds it)."""
+        The probe fits on rank 0, on the bank gathered into its host memory (``eval.bank_samples``
+        bounds it); every rank returns its results."""
         started = time.perf_counter()
         random_probe_inputs = None
         if self._random_knn is None or linear:
@@ -52,8 +56,11 @@ class FrozenFeatureScores:
         knn_trained, digest, trained_probe_inputs = self._scores(trained, linear)
         results = {"knn_trained": knn_trained, "knn_random_init": self._random_knn, "query_features_digest": digest}
         if linear:
-            results["linear_curve"] = {str(f): a for f, a in linear_probe_curve(*trained_probe_inputs).items()}
-            results["linear_trained"] = results["linear_curve"]["1.0"]  # the all-labels point is the probe
-            results["linear_random_init"] = linear_probe_accuracy(*random_probe_inputs)
+            probe = None
+            if self.dims.rank == 0:
+                curve = {str(f): a for f, a in linear_probe_curve(*trained_probe_inputs).items()}
+                probe = {"linear_curve": curve, "linear_trained": curve["1.0"],  # the all-labels point is the probe
+                         "linear_random_init": linear_probe_accuracy(*random_probe_inputs)}
+            results.update(object_from_rank0(probe, self.dims.control_group))
         results["seconds"] = round(time.perf_counter() - started, 3)
         return results

@@ -169,3 +169,31 @@ def gather_uneven_rows(tensor: torch.Tensor, group: Group) -> torch.Tensor:
     padded[: tensor.shape[0]] = tensor
     gathered = gather_rows(padded, group)
     return torch.cat([gathered[rank * largest : rank * largest + count] for rank, count in enumerate(counts)])
+
+
+def gather_uneven_rows_to_rank0(tensor: torch.Tensor, group: Group, counts: list[int]) -> torch.Tensor | None:
+    """Every rank's rows in rank order on the group's first rank only (None elsewhere): what one
+    process needs when the others need nothing (the linear probe).  ``counts``: every rank's row
+    count, known to all (padding to the largest keeps one shape for the collective)."""
+    if group_size(group) == 1:
+        return tensor
+    largest = max(counts)
+    padded = tensor.new_zeros((largest, *tensor.shape[1:]))
+    padded[: tensor.shape[0]] = tensor
+    first = dist.get_global_rank(group, 0) if group is not None else 0
+    receiving = dist.get_rank() == first
+    pieces = [torch.empty_like(padded) for _ in counts] if receiving else None
+    dist.gather(padded, pieces, dst=first, group=group)
+    if not receiving:
+        return None
+    return torch.cat([piece[:count] for piece, count in zip(pieces, counts)])
+
+
+def object_from_rank0(value, group: Group):
+    """``value`` as the group's first rank holds it, on every rank (a small picklable result that
+    one rank computed: a probe's accuracy).  ``group``: a CPU (gloo) group, e.g. the control group."""
+    if group is None or dist.get_world_size(group) == 1:
+        return value
+    holder = [value]
+    dist.broadcast_object_list(holder, src=dist.get_global_rank(group, 0), group=group)
+    return holder[0]
