@@ -19,14 +19,14 @@ def _rows(ids: list[int]) -> LocalFeatures:
 
 def _check():
     dims = init_distributed()
-    features, labels = gather_to_rank0_host(_rows(IDS[dims.rank]), dims, block_rows=2)
+    gathered = gather_to_rank0_host(_rows(IDS[dims.rank]), dims, block_rows=2)
     if dims.rank == 0:
         everything = sorted(IDS[0] + IDS[1])
         expected = _rows(everything)
-        assert features.dtype == torch.float32 and torch.equal(features, expected.features.float())
-        assert torch.equal(labels, expected.labels)
+        assert gathered.features.dtype == torch.float32 and torch.equal(gathered.features, expected.features.float())
+        assert torch.equal(gathered.labels, expected.labels) and torch.equal(gathered.ids, torch.tensor(everything))
     else:
-        assert features is None and labels is None  # nothing beyond its own rows
+        assert gathered is None  # nothing beyond its own rows
     assert object_from_rank0({"accuracy": 0.5 + dims.rank}, dims.control_group) == {"accuracy": 0.5}
 
 

@@ -92,14 +92,14 @@ class LogPartition:
     weight = 0.5
 
     def start_forward(self, kernel_pass):
-        return LogPartitionForward(kernel_pass.batch)
+        return LogPartitionForward()
 
     def start_backward(self, kernel_pass, saved, grad_term, column_signs, shift_base2):
         return LogPartitionBackward(saved, grad_term, column_signs, shift_base2)
 
 
 class LogPartitionForward:
-    def __init__(self, batch: int) -> None:
+    def __init__(self) -> None:
         self.sums = None
 
     def add_chunk(self, kernel_sum, logits, chunk):

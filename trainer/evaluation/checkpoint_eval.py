@@ -49,17 +49,16 @@ def frozen_accuracy(model, config, protocol: str, features_out: Path | None = No
     bank, queries = EvaluationData(config.data, config.eval, dims).bank_and_queries(model)
     group = dims.data_parallel_group
     digest = features_digest(queries, group)
-    if features_out is not None:
-        save_features(features_out, bank, queries, dims)
+    if features_out is not None or protocol == "linear":  # both need every row in one process: rank 0's
+        bank_all, queries_all = gather_to_rank0_host(bank, dims), gather_to_rank0_host(queries, dims)
+        if features_out is not None and dims.rank == 0:
+            save_features(features_out, bank_all, queries_all)
     if protocol == "knn":
         shard = knn_bank_shard(bank.features, bank.labels, bank.ids, group)
         accuracy = sharded_knn_accuracy(shard, queries.features, queries.labels, config.eval.knn_k,
                                         config.eval.knn_temperature, group)
         return FrozenAccuracy(f"kNN (k={config.eval.knn_k}, cosine)", accuracy, digest, dims.rank)
-    # the probe needs the whole bank in one process: gathered into rank 0's host memory only
-    bank_features, bank_labels = gather_to_rank0_host(bank, dims)
-    query_features, query_labels = gather_to_rank0_host(queries, dims)
     accuracy = None
     if dims.rank == 0:
-        accuracy = linear_probe_accuracy(bank_features, bank_labels, query_features, query_labels)
+        accuracy = linear_probe_accuracy(bank_all.features, bank_all.labels, queries_all.features, queries_all.labels)
     return FrozenAccuracy("linear probe", object_from_rank0(accuracy, dims.control_group), digest, dims.rank)

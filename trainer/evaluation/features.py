@@ -92,12 +92,11 @@ class EvaluationData:
         return extract_local_features(model, self.bank, self.bank_dtype), extract_local_features(model, self.queries)
 
 
-def gather_to_rank0_host(local: LocalFeatures, dims: ParallelDims,
-                         block_rows: int = 8192) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """Collective: ``(features [N, F] float32, labels [N])`` of every rank's rows, sorted by id, in
-    rank 0's host memory; ``(None, None)`` on the other ranks, which hold nothing more than their
-    own rows (at ImageNet-21K a whole fp32 bank is ~116 GB: once per job, not once per rank).
-    Moved through the device ``block_rows`` rows at a time, each block written to its place."""
+def gather_to_rank0_host(local: LocalFeatures, dims: ParallelDims, block_rows: int = 8192) -> LocalFeatures | None:
+    """Collective: every rank's rows, sorted by id, in rank 0's host memory (features in float32);
+    None on the other ranks, which hold nothing more than their own rows (at ImageNet-21K a whole
+    fp32 bank is ~116 GB: once per job, not once per rank).  Moved through the device
+    ``block_rows`` rows at a time, each block written to its place."""
     group = dims.data_parallel_group
     counts = gather_rows(torch.tensor([len(local.ids)], device=local.ids.device), group).tolist()
     all_ids = gather_uneven_rows_to_rank0(local.ids, group, counts)
@@ -116,7 +115,7 @@ def gather_to_rank0_host(local: LocalFeatures, dims: ParallelDims,
             places = torch.searchsorted(sorted_ids, ids.cpu())
             features[places] = rows.cpu().float()
             labels[places] = row_labels.cpu()
-    return (features, labels) if receiving else (None, None)
+    return LocalFeatures(features, labels, sorted_ids) if receiving else None
 
 
 def features_digest(local: LocalFeatures, group) -> str:
@@ -141,21 +140,15 @@ def features_digest(local: LocalFeatures, group) -> str:
     return f"{(low + (high << 32)) % 2**64:016x}"
 
 
-def save_features(path: Path, bank: LocalFeatures, queries: LocalFeatures, dims: ParallelDims) -> None:
-    """Collective: the bank's and the queries' features, labels and ids, gathered and sorted by id,
-    written by rank 0 to ``path`` (``torch.save``; loads with ``weights_only=True``).  Needs both
-    sets in host memory: meant for held-out sets and ``eval.bank_samples`` subsets, not a whole
+def save_features(path: Path, bank: LocalFeatures, queries: LocalFeatures) -> None:
+    """Rank 0, with the sets ``gather_to_rank0_host`` gathered: the bank's and the queries' features,
+    labels and ids (sorted by id) written to ``path`` (``torch.save``, atomically; loads with
+    ``weights_only=True``).  Meant for held-out sets and ``eval.bank_samples`` subsets, not a whole
     ImageNet bank."""
-    saved = {}
-    for name, local in (("bank", bank), ("queries", queries)):
-        features, labels = gather_to_rank0_host(local, dims)
-        counts = gather_rows(torch.tensor([len(local.ids)], device=local.ids.device), dims.data_parallel_group)
-        ids = gather_uneven_rows_to_rank0(local.ids, dims.data_parallel_group, counts.tolist())
-        if dims.rank == 0:
-            saved[name] = {"ids": ids.cpu().sort().values, "labels": labels, "features": features}
-    if dims.rank == 0:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(path.name + ".tmp")
-        torch.save(saved, temporary)
-        temporary.replace(path)
+    saved = {name: {"ids": rows.ids, "labels": rows.labels, "features": rows.features}
+             for name, rows in (("bank", bank), ("queries", queries))}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    torch.save(saved, temporary)
+    temporary.replace(path)

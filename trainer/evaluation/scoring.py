@@ -39,7 +39,9 @@ class FrozenFeatureScores:
                                    self.config.eval.knn_temperature, self.dims.data_parallel_group)
         probe_inputs = None
         if linear:  # the probe runs on rank 0, the only rank that gathers the features
-            probe_inputs = (*gather_to_rank0_host(bank, self.dims), *gather_to_rank0_host(queries, self.dims))
+            everything = gather_to_rank0_host(bank, self.dims), gather_to_rank0_host(queries, self.dims)
+            if self.dims.rank == 0:
+                probe_inputs = tuple(t for rows in everything for t in (rows.features, rows.labels))
         return knn, features_digest(queries, self.dims.data_parallel_group), probe_inputs
 
     def score(self, trained: InstanceModel, linear: bool = False) -> dict:

@@ -154,6 +154,13 @@ def scale_grad(tensor: torch.Tensor, factor: float) -> torch.Tensor:
     return _ScaleGrad.apply(tensor, factor)
 
 
+def _padded_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
+    """``tensor`` with zero rows appended up to ``rows``: one shape on every rank for a collective."""
+    padded = tensor.new_zeros((rows, *tensor.shape[1:]))
+    padded[: tensor.shape[0]] = tensor
+    return padded
+
+
 def gather_uneven_rows(tensor: torch.Tensor, group: Group) -> torch.Tensor:
     """``gather_rows`` for ranks holding different numbers of rows (evaluation features after the
     padding repeats are dropped): every rank's rows in rank order, on every rank.
@@ -165,9 +172,7 @@ def gather_uneven_rows(tensor: torch.Tensor, group: Group) -> torch.Tensor:
         return tensor
     counts = gather_rows(torch.tensor([tensor.shape[0]], device=tensor.device), group).tolist()
     largest = max(counts)
-    padded = tensor.new_zeros((largest, *tensor.shape[1:]))
-    padded[: tensor.shape[0]] = tensor
-    gathered = gather_rows(padded, group)
+    gathered = gather_rows(_padded_rows(tensor, largest), group)
     return torch.cat([gathered[rank * largest : rank * largest + count] for rank, count in enumerate(counts)])
 
 
@@ -177,9 +182,7 @@ def gather_uneven_rows_to_rank0(tensor: torch.Tensor, group: Group, counts: list
     count, known to all (padding to the largest keeps one shape for the collective)."""
     if group_size(group) == 1:
         return tensor
-    largest = max(counts)
-    padded = tensor.new_zeros((largest, *tensor.shape[1:]))
-    padded[: tensor.shape[0]] = tensor
+    padded = _padded_rows(tensor, max(counts))
     first = dist.get_global_rank(group, 0) if group is not None else 0
     receiving = dist.get_rank() == first
     pieces = [torch.empty_like(padded) for _ in counts] if receiving else None
