@@ -18,6 +18,7 @@
     instcls bench scale [--num-samples 14197087 --ranks 64 ...]   (one epoch's bookkeeping, no images)
     instcls bench ingest [--images 2000 --workers 1,2 ...]   (make-shards images/s per core)
     instcls plan --num-classes N --ranks T --batch B [--backbone resnet50 --gpu-memory-gib 32 ...]
+    instcls dry-run --config FILE --ranks T [--rank R --num-instances N]   (the step on fake CUDA devices)
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import argparse
 import sys
 
 # One module per command area; each registers its commands and calls the code that does the work.
-from trainer.cli import ablate, bench, drill, evaluation, plan, selftest, shards, training
+from trainer.cli import ablate, bench, drill, dry_run, evaluation, plan, selftest, shards, training
 from trainer.exit_codes import ExitCode, record_failure_cause
 
 
@@ -35,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="instcls", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    for area in (training, evaluation, ablate, plan, shards, drill, bench, selftest):  # the order of `instcls --help`
+    # the order of `instcls --help`
+    for area in (training, evaluation, ablate, plan, dry_run, shards, drill, bench, selftest):
         area.register(commands)
     return parser
 

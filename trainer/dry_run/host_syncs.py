@@ -12,8 +12,11 @@ On a real GPU the CPU runs ahead of the device, queueing kernels; these stop it:
   the data (``nonzero``, ``unique``, boolean-mask indexing), which wait for the device to know it.
 
 ``HostSyncRecorder`` records each one with the source line that asked for it (the first frame
-outside torch and this module).  Under fake tensors a value read raises PyTorch's
-``DataDependentOutputException`` after it is recorded: there is no value to return.
+outside torch and this package).  Under fake tensors a value read raises PyTorch's
+``DataDependentOutputException`` after it is recorded: there is no value to return.  With
+``assume_values=True`` (the dry run) the step goes on instead: a value read returns 1 (True), and
+an output sized by the data takes its largest size (every mask element true), so the rest of the
+step still runs and its memory is an upper bound.
 """
 
 from __future__ import annotations
@@ -27,10 +30,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 _TORCH_ROOT = str(Path(torch.__file__).parent)
-_THIS_FILE = str(Path(__file__))
+_DRY_RUN_PACKAGE = str(Path(__file__).parent)
+_PROJECT_ROOT = str(Path(__file__).parents[2]) + "/"  # where trainer/ and data_pipeline/ are
+
+
+def where(filename: str, line: int, function: str) -> str:
+    """``path:line in function``, the path relative to the project when it is the project's."""
+    return f"{filename.removeprefix(_PROJECT_ROOT)}:{line} in {function}"
 # Ops whose output size depends on the values: the host waits for the device to learn it.
 _DATA_DEPENDENT = {"aten.nonzero.default", "aten.unique.default", "aten._unique2.default",
-                   "aten.unique_consecutive.default", "aten.masked_select.default", "aten.unique_dim.default"}
+                   "aten.unique_consecutive.default", "aten.masked_select.default", "aten.unique_dim.default",
+                   "aten.bincount.default"}  # bincount's length is max(minlength, largest value + 1)
 
 
 @dataclass(frozen=True)
@@ -38,15 +48,17 @@ class HostSync:
     kind: str  # "host to device", "device to host" or "data-dependent size"
     op: str
     where: str  # "path:line in function" of the code that asked for it
+    background: bool = False  # made by a task for a worker thread: it waits, the training thread does not
 
     def __str__(self) -> str:
-        return f"{self.kind}: {self.op} at {self.where}"
+        return f"{self.kind}: {self.op} at {self.where}{' (in a worker thread)' if self.background else ''}"
 
 
-def _caller() -> str:
-    for frame in reversed(traceback.extract_stack()[:-3]):
-        if not frame.filename.startswith(_TORCH_ROOT) and frame.filename != _THIS_FILE:
-            return f"{frame.filename}:{frame.lineno} in {frame.name}"
+def caller(also_skip: tuple[str, ...] = ()) -> str:
+    """``path:line in function`` of the innermost frame outside torch, the dry run itself and ``also_skip``."""
+    for frame in reversed(traceback.extract_stack()[:-1]):
+        if not frame.filename.startswith((_TORCH_ROOT, _DRY_RUN_PACKAGE, *also_skip)):
+            return where(frame.filename, frame.lineno, frame.name)
     return "?"
 
 
@@ -56,6 +68,14 @@ def _is_cuda(value) -> bool:
 
 def _is_host(value) -> bool:
     return isinstance(value, torch.Tensor) and value.device.type == "cpu"
+
+
+PINNED = "_dry_run_pinned"  # set on host tensors in page-locked memory (``fake_cuda`` marks them)
+
+
+def _asynchronous(host: torch.Tensor, non_blocking) -> bool:
+    """A copy between pinned host memory and the device with ``non_blocking`` does not wait."""
+    return bool(non_blocking) and getattr(host, PINNED, False)
 
 
 def classify(func, args, kwargs) -> str | None:
@@ -71,31 +91,67 @@ def classify(func, args, kwargs) -> str | None:
         return "data-dependent size"
     if name in ("aten.copy_.default", "aten.copy.default") and len(args) >= 2:
         destination, source = args[0], args[1]
+        non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
         # a 0-d CPU tensor written into a device tensor still goes through host memory
-        if _is_cuda(destination) and _is_host(source):
+        if _is_cuda(destination) and _is_host(source) and not _asynchronous(source, non_blocking):
             return "host to device"
-        if _is_host(destination) and _is_cuda(source):
+        if _is_host(destination) and _is_cuda(source) and not _asynchronous(destination, non_blocking):
             return "device to host"
     if name == "aten._to_copy.default" and args:
         target = kwargs.get("device")
         target = torch.device(target) if target is not None else args[0].device
-        if _is_host(args[0]) and target.type == "cuda":
+        if _is_host(args[0]) and target.type == "cuda" and not _asynchronous(args[0], kwargs.get("non_blocking")):
             return "host to device"
-        if _is_cuda(args[0]) and target.type == "cpu":
+        # to("cpu", non_blocking=True) lands in pinned memory; the host then waits on an event (recorded apart)
+        if _is_cuda(args[0]) and target.type == "cpu" and not kwargs.get("non_blocking"):
             return "device to host"
     return None
+
+
+def _assumed(func, args, kwargs):
+    """What a data-dependent op returns in the dry run: its value assumed 1, its size the largest."""
+    name = str(func)
+    if name == "aten._local_scalar_dense.default":
+        return True if args[0].dtype == torch.bool else 1 if not args[0].is_floating_point() else 1.0
+    if name == "aten.nonzero.default":
+        return torch.empty((args[0].numel(), args[0].dim()), dtype=torch.int64, device=args[0].device)
+    if name == "aten.index.Tensor":
+        indices = [torch.arange(i.numel(), device=i.device).view(i.shape) if isinstance(i, torch.Tensor)
+                   and i.dtype == torch.bool and i.dim() == 1 else i for i in args[1]]
+        if all(not isinstance(i, torch.Tensor) or i.dtype != torch.bool for i in indices):
+            return func(args[0], indices)
+    if name == "aten.bincount.default":  # assumed: no value reaches minlength
+        minlength = args[2] if len(args) > 2 else kwargs.get("minlength", 0)
+        dtype = torch.int64 if (args[1] if len(args) > 1 else kwargs.get("weights")) is None else torch.float64
+        return torch.zeros(max(minlength, 1), dtype=dtype, device=args[0].device)
+    if name == "aten.masked_select.default":
+        return torch.empty(args[1].numel(), dtype=args[0].dtype, device=args[0].device)
+    return NotImplemented
 
 
 class HostSyncRecorder(TorchDispatchMode):
     """``with FakeTensorMode(), HostSyncRecorder() as recorder: ...`` then ``recorder.syncs``."""
 
-    def __init__(self) -> None:
+    def __init__(self, assume_values: bool = False) -> None:
         super().__init__()
         self.syncs: list[HostSync] = []
+        self.assume_values = assume_values
+        self.in_worker_task = 0  # > 0 while a thread pool's task runs inline (``fake_cuda``)
+
+    def note(self, kind: str, op: str) -> None:
+        """Record a sync that is not an op (``torch.cuda.synchronize``, an event's wait on the host)."""
+        self.syncs.append(HostSync(kind, op, caller(), self.in_worker_task > 0))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         kind = classify(func, args, kwargs)
         if kind is not None:
-            self.syncs.append(HostSync(kind, str(func), _caller()))
-        return func(*args, **kwargs)
+            self.note(kind, str(func))
+            if self.assume_values and kind != "host to device":
+                assumed = _assumed(func, args, kwargs)
+                if assumed is not NotImplemented:
+                    return assumed
+        out = func(*args, **kwargs)
+        if kwargs.get("pin_memory") and isinstance(out, torch.Tensor):
+            setattr(out, PINNED, True)
+        return out

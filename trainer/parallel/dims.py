@@ -156,7 +156,7 @@ def init_distributed(
             store=_store_of_this_attempt(world_size, timeout),
         )
 
-    classifier_group, replica_group = _build_classifier_groups(world_size, rank, classifier_parallel_size)
+    classifier_group, replica_group = build_classifier_groups(world_size, rank, classifier_parallel_size)
     control_group = dist.group.WORLD if backend == "gloo" else dist.new_group(backend="gloo")
     return ParallelDims(
         world_size=world_size,
@@ -171,7 +171,7 @@ def init_distributed(
     )
 
 
-def _build_classifier_groups(
+def build_classifier_groups(
     world_size: int, rank: int, size: int
 ) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
     """Consecutive blocks of ``size`` ranks, and the ranks holding the same shard across blocks.

@@ -14,12 +14,18 @@ memory at all:
   them in parallel rather than one page fault at a time.  Use a local SSD (a k8s ``emptyDir``),
   not network storage.  An asynchronous checkpoint snapshots the rows into a file of the same
   size beside them (``checkpoint-snapshot-rows.bin``), so the directory needs twice the store.
+
+Writes to a host or disk store from a GPU do not wait for it: the rows are copied into pinned
+staging memory asynchronously, with an event, and put in place at the next read, fill or flush
+(``settle``), by which time the copy has long finished.  A blocking device-to-host copy at every
+write-back would stall the training thread once per step (issue 39, row 3).
 """
 
 from __future__ import annotations
 
 import mmap
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +46,9 @@ class RowStore:
         self._mapped = mapped or []
         self.directory = directory  # a disk store's (local) directory
         self._pin = kind != "device" and compute_device.type == "cuda"
+        # Staged writes not yet in place: (rows, staged [n, 2, D] pinned, copy-done event, step).
+        self._staged: list[tuple[torch.Tensor, torch.Tensor, torch.cuda.Event, int]] = []
+        self._staged_lock = threading.Lock()  # the prefetch thread settles while the training thread stages
 
     @property
     def num_rows(self) -> int:
@@ -63,6 +72,7 @@ class RowStore:
     def read(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
         """``(W rows, U rows, last steps)``: W and U on the compute device, last steps on the host.
         ``rows``: int64 local row indices on the CPU."""
+        self.settle()
         self._advise(rows.numpy())
         both = torch.index_select(self.rows, 0, to_device(rows, self.rows.device))
         if self._pin:
@@ -71,10 +81,29 @@ class RowStore:
         return both[:, 0], both[:, 1], self.last_step[rows].numpy().astype(np.int64)
 
     def write(self, rows: torch.Tensor, weight: torch.Tensor, momentum: torch.Tensor, step: int) -> None:
-        """Store rows (distinct indices), up to date at ``step``."""
-        both = torch.stack([weight, momentum], dim=1).to(self.rows.device, self.dtype)
+        """Store rows (distinct indices), up to date at ``step``; from a GPU, staged (see the module docstring)."""
+        both = torch.stack([weight, momentum], dim=1).to(self.dtype)
+        if not self._pin:
+            self._put(rows, both.to(self.rows.device), step)
+            return
+        staged = torch.empty(both.shape, dtype=self.dtype, pin_memory=True)
+        staged.copy_(both, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record(torch.cuda.current_stream(self.compute_device))
+        with self._staged_lock:
+            self._staged.append((rows, staged, copied, step))
+
+    def _put(self, rows: torch.Tensor, both: torch.Tensor, step: int) -> None:
         self.rows.index_copy_(0, to_device(rows, self.rows.device), both)
         self.last_step[rows] = step
+
+    def settle(self) -> None:
+        """Put every staged write in place (waiting for its copy, long done by now)."""
+        with self._staged_lock:
+            staged, self._staged = self._staged, []
+            for rows, both, copied, step in staged:
+                copied.synchronize()
+                self._put(rows, both, step)
 
     def blocks(self):
         """Slices covering every row, ``BLOCK_ROWS`` at a time."""
@@ -85,13 +114,15 @@ class RowStore:
         """Overwrite every row from ``(start, end) -> tensor`` callables (a checkpoint, an init;
         ``momentum_rows`` None: zeros), block by block so that a disk store never holds more than
         a block in anonymous memory."""
+        self.settle()
         for block in self.blocks():
             self.weight[block] = weight_rows(block.start, block.stop)
             self.momentum[block] = 0 if momentum_rows is None else momentum_rows(block.start, block.stop)
         self.last_step.fill_(step)
 
     def flush(self) -> None:
-        """Write a disk store's dirty pages to the file (msync)."""
+        """Put staged writes in place and write a disk store's dirty pages to the file (msync)."""
+        self.settle()
         for array in self._mapped:
             array.flush()
 

@@ -79,6 +79,7 @@ class WorkingSet:
     def flush(self) -> None:
         """Write every held row back; the store is then complete."""
         self._write_back(np.ones(self.rows.size, dtype=bool))
+        self.store.settle()
         self.rows, self.weight, self.momentum = np.zeros(0, dtype=np.int64), None, None
 
     @torch.no_grad()

@@ -1,0 +1,191 @@
+"""One rank of a job on fake CUDA devices: the objective built at the job's N and a few steps run.
+
+The process joins a ``fake`` process group as rank R of T (collectives return at once and move no
+data), builds the job's objective on fake ``cuda:<R mod 8>`` tensors, starts an epoch and runs
+``steps`` steps: the objective's loss on stand-in head features (random, of the backbone's dtype
+and the loader's view layout), the backward (``dry_run.backward``), ``after_backward`` and the
+objective's optimizers.  The sampler is the job's, so the ids, padding and PIC's sampled rows are
+the real run's.  What it records: the device memory peak (PyTorch's ``MemTracker``), every host
+sync (``host_syncs``), every collective (``collectives``), and the error that stopped the step
+(a device mismatch raises ``FakeTensorDeviceMismatchError`` at the first one).
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.mem_tracker import MemTracker
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from data_pipeline.contract import to_device
+from data_pipeline.loading.samplers import SamplerRequest, training_sampler
+from trainer.config import JobConfig
+from trainer.dry_run.backward import backward
+from trainer.dry_run.collectives import Collective, CollectiveRecorder
+from trainer.dry_run.compiles import Compilation, CompileRecorder
+from trainer.dry_run.fake_cuda import fake_cuda_runtime
+from trainer.dry_run.host_memory import RealHostMemory
+from trainer.dry_run.host_syncs import HostSync, HostSyncRecorder, where
+from trainer.objectives import ObjectiveContext, OptimSettings, StepViews, View, build_objective
+from trainer.parallel.dims import ParallelDims, build_classifier_groups
+
+GPUS_PER_NODE = 8
+_NOT_THE_PROJECT = (str(Path(torch.__file__).parent), str(Path(__file__).parent))  # torch, the dry run
+
+
+@dataclass
+class RankReport:
+    """What one simulated rank did.  ``step_syncs``: syncs of the steps, each with how many of the
+    ``steps`` made it; ``setup_syncs``: those of building the objective and starting the epoch."""
+
+    rank: int
+    world_size: int
+    steps: int
+    peak_bytes: int = 0  # device memory at the steps' peak
+    setup_peak_bytes: int = 0  # at the peak of building the objective and starting the epoch (a search, a prior)
+    step_syncs: dict[HostSync, int] = field(default_factory=dict)
+    setup_syncs: dict[HostSync, int] = field(default_factory=dict)
+    compilations: list[list[Compilation]] = field(default_factory=list)  # per step: inductor compiles it asked for
+    collectives: list[Collective] = field(default_factory=list)
+    stopped: str | None = None  # the error that ended the run early, with its source line
+    seconds: float = 0.0
+
+
+def engine_dtype_of(config: JobConfig) -> torch.dtype:
+    """The backbone's output dtype under the job's DeepSpeed config (what the objective receives)."""
+    from trainer.bench.planner import deepspeed_settings
+    from trainer.engine.deepspeed_setup import load_deepspeed_config
+
+    settings = deepspeed_settings(load_deepspeed_config(config.deepspeed_config, config.data.loader.batch_size))
+    return torch.bfloat16 if settings["dtype"] == "bfloat16" else torch.float32
+
+
+def _fake_dims(config: JobConfig, world_size: int, rank: int) -> ParallelDims:
+    size = config.parallel.classifier_parallel_size or world_size
+    if world_size % size:
+        raise ValueError(f"parallel.classifier_parallel_size={size} does not divide --ranks {world_size}")
+    classifier_group, replica_group = build_classifier_groups(world_size, rank, size)
+    return ParallelDims(world_size=world_size, rank=rank, local_rank=rank % GPUS_PER_NODE,
+                        classifier_parallel_size=size, device=torch.device("cuda", rank % GPUS_PER_NODE),
+                        backend="nccl", classifier_group=classifier_group, classifier_replica_group=replica_group,
+                        control_group=dist.new_group() if world_size > 1 else None)
+
+
+def _stopped_by(error: BaseException) -> str:
+    """The error and the innermost line of the project's code it came from."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith(_NOT_THE_PROJECT)]
+    at = f" at {where(frames[-1].filename, frames[-1].lineno, frames[-1].name)}" if frames else ""
+    return f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}{at}"
+
+
+def _count(syncs: list[HostSync], into: dict[HostSync, int]) -> None:
+    for sync in dict.fromkeys(syncs):
+        into[sync] = into.get(sync, 0) + 1
+
+
+class _StepInputs:
+    """What the loader and the backbone would hand the objective at each step, on fake tensors."""
+
+    def __init__(self, config: JobConfig, dims: ParallelDims, num_instances: int, dtype: torch.dtype) -> None:
+        loader = config.data.loader
+        self.sampler = training_sampler(SamplerRequest(num_instances, dims.world_size, loader.batch_size,
+                                                       loader.seed, loader.last_batch, loader.sampler))
+        self.layout, self.dims, self.dtype = loader.view_layout, dims, dtype
+        self.feature_dim = config.model.feature_dim
+
+    def _at(self, epoch: int, index: int) -> tuple[int, int]:
+        """(epoch, step in it) of the ``index``-th step from the start of ``epoch`` (epochs roll over)."""
+        return epoch + index // self.sampler.steps_per_epoch, index % self.sampler.steps_per_epoch
+
+    def step(self, epoch: int, index: int) -> StepViews:
+        """The ``index``-th step counted from the start of ``epoch``."""
+        epoch, step = self._at(epoch, index)
+        plan = self.sampler.step(epoch, step)
+        next_plan = self.sampler.step(*self._at(epoch, step + 1))
+        rank, device = self.dims.rank, self.dims.device
+        views = [View(torch.randn(plan.ids.shape[1], self.feature_dim, device=device, dtype=self.dtype,
+                                  requires_grad=True), kind, index) for index, kind in enumerate(self.layout.kinds)]
+        return StepViews(views=views, instance_ids=to_device(plan.ids[rank], device),
+                         valid=to_device(plan.valid[rank], device), global_valid=plan.global_valid, epoch=epoch,
+                         step=epoch * self.sampler.steps_per_epoch + step, plan=plan, next_plan=next_plan)
+
+
+def run_rank(config: JobConfig, num_instances: int, world_size: int, rank: int, steps: int = 2,
+             epoch: int = 0) -> RankReport:
+    """Rank ``rank`` of ``world_size`` running the job's objective for ``steps`` steps on fake devices.
+
+    ``epoch``: the epoch whose first steps run, as a fresh run would (an objective's features that
+    start later, such as SwAV's queue, need that epoch)."""
+    report = RankReport(rank, world_size, steps)
+    started = time.perf_counter()
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    syncs = HostSyncRecorder(assume_values=True)
+    collectives = CollectiveRecorder()
+    compiles = CompileRecorder()
+    fake_mode = FakeTensorMode()
+    try:
+        with (fake_mode, fake_cuda_runtime(syncs), compiles.recording(), MemTracker() as memory, collectives, syncs,
+              RealHostMemory(fake_mode)):
+            try:
+                _run(config, num_instances, rank, world_size, steps, epoch, syncs, memory, compiles, report)
+            except Exception as error:  # noqa: BLE001 (the report says what stopped the step, and where)
+                report.stopped = _stopped_by(error)
+            report.peak_bytes = _peak(memory, rank)
+    finally:
+        dist.destroy_process_group()
+    report.collectives = collectives.collectives
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _peak(memory: MemTracker, rank: int) -> int:
+    return int(memory.get_tracker_snapshot("peak").get(torch.device("cuda", rank % GPUS_PER_NODE), {}).get("Total", 0))
+
+
+def restart_peak(memory: MemTracker) -> None:
+    """From here on the peak starts at what is allocated now (what ``MemTracker.__enter__`` does)."""
+    memory._peak_mem_snap = memory.get_tracker_snapshot()
+    memory._peak_mem = {device: snapshot["Total"] for device, snapshot in memory._peak_mem_snap.items()}
+
+
+def _run(config: JobConfig, num_instances: int, rank: int, world_size: int, steps: int, epoch: int,
+         syncs: HostSyncRecorder, memory: MemTracker, compiles: CompileRecorder, report: RankReport) -> None:
+    dims = _fake_dims(config, world_size, rank)
+    inputs = _StepInputs(config, dims, num_instances, engine_dtype_of(config))
+    context = ObjectiveContext(
+        dims=dims, num_instances=num_instances, feature_dim=config.model.feature_dim, seed=config.seed,
+        optim=OptimSettings(momentum=config.optim.momentum, weight_decay=config.optim.weight_decay,
+                            skips_nonfinite_steps=config.optim.on_nonfinite == "skip_step"),
+        views=inputs.layout,
+    )
+    objective = build_objective(config.objective, context)
+    objective.on_epoch_start(epoch)
+    _count(syncs.syncs, report.setup_syncs)
+    report.setup_peak_bytes = _peak(memory, rank)
+    restart_peak(memory)
+    first_epoch = epoch
+    for index in range(steps):
+        syncs.syncs.clear()
+        compiles.compilations = []
+        memory.reset_mod_stats()  # per-module figures are per call; the device peak carries on
+        step = inputs.step(first_epoch, index)
+        if step.epoch != epoch:  # the steps rolled into the next epoch (a small N)
+            epoch = step.epoch
+            objective.on_epoch_start(epoch)
+        optimizers = objective.optimizers()
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = 0.1
+        backward(objective.loss(step).loss)
+        objective.after_backward()
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        _count(syncs.syncs, report.step_syncs)
+        report.compilations.append(compiles.compilations)
