@@ -111,14 +111,15 @@ def test_settings_refuse_what_cannot_work():
         )
 
 
-def _term_and_grads(compiled: bool, kernel_temperature: float, views: list[str]):
-    """Loss, term and both gradients of one step with the term's chunk math compiled or eager."""
+def _term_and_grads(compiled: bool, kernel_temperature: float, views: list[str], rows_vary: bool = False):
+    """Loss, term and both gradients of one step with the term's chunk math compiled or eager
+    (``rows_vary``: its chunks padded to power-of-two row counts, as PIC's are)."""
     generator = torch.Generator().manual_seed(4)
     images, rows = 3, 11  # chunk 4 does not divide the 11 rows
     features = F.normalize(torch.randn(len(views) * images, DIM, generator=generator), dim=1).requires_grad_()
     weight = torch.randn(rows, DIM, generator=generator).requires_grad_()
     targets = torch.tensor([7, 0, 3]).repeat(len(views))[:, None]
-    settings = KernelSettings(temperature=kernel_temperature, chunk_size=4)
+    settings = KernelSettings(temperature=kernel_temperature, chunk_size=4, rows_vary=rows_vary)
     term_of_views = ConsistencyTerm.for_views(0.05, 1.0, views, compiled=compiled)
     loss, term = sharded_cosine_ce_with_term(
         features, weight, targets, torch.ones(len(targets), 1), settings, term_of_views, None
@@ -151,6 +152,19 @@ def test_compiled_chunk_math_equals_the_same_code_run_eagerly(kernel_temperature
         assert not function.fell_back and function._kernels
     for got, want in zip(compiled, eager):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("views", [["global", "global"], ["global", "global", "small"]])
+def test_chunks_padded_to_a_bucket_give_the_same_loss_term_and_gradients(views):
+    """Issue 39 row 1: PIC's chunks (4 and 3 rows here) are padded to 64 rows of PAD_LOGIT so the
+    fused term compiles for a few shapes; the padding adds nothing and its gradient rows are dropped."""
+    from trainer.classifier.terms.co2 import bucketed_rows
+
+    assert [bucketed_rows(rows) for rows in (1, 64, 65, 1088, 65536)] == [64, 64, 128, 2048, 65536]
+    exact = _term_and_grads(False, 0.15, views)
+    padded = _term_and_grads(False, 0.15, views, rows_vary=True)
+    for name, a, b in zip(("loss", "term", "feature grad", "weight grad"), exact, padded):
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7, msg=name)
 
 
 def test_a_failed_compile_runs_the_function_eagerly_with_a_warning(monkeypatch, caplog):

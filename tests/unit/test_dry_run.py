@@ -30,15 +30,20 @@ def _config(name: str, *overrides: str):
     return load_job_config(CONFIGS / name, list(overrides))
 
 
-@pytest.mark.parametrize("name, overrides, n, epoch, steps", [
-    ("in1k_r50_64gpu.yaml", [], 8192, 0, 2),  # instance with top-K smoothing, bf16
-    ("in1k_r50_64gpu.yaml", ["objective.co2_alpha=0.3"], 8192, 0, 2),  # the CO2 term in the kernel
+@pytest.mark.parametrize("name, overrides, n, epoch, steps, like_plan", [
+    ("in1k_r50_64gpu.yaml", [], 8192, 0, 2, True),  # instance with top-K smoothing, bf16
+    ("in1k_r50_64gpu.yaml", ["objective.co2_alpha=0.3"], 8192, 0, 2, True),  # the CO2 term in the kernel
     # PIC: the queue (4096) is full after 2 steps of 2048, so later steps write rows back to the host store
     ("pic_in1k_r50.yaml", ["objective.queue_size=4096", "data.loader.batch_size=512",
-                           "data.loader.sampler.window_size=0", "data.loader.sampler.stride=0"], 65536, 0, 4),
-    ("swav_in1k_r50.yaml", [], 8192, 15, 2),  # the queue is on from epoch 15
+                           "data.loader.sampler.window_size=0", "data.loader.sampler.stride=0"], 65536, 0, 4, True),
+    ("swav_in1k_r50.yaml", [], 8192, 15, 2, True),  # the queue is on from epoch 15 (no planner model)
+    # PIC with CO2 (issue 39 row 1): the sampled rows per rank change every step; the chunk shapes are
+    # bucketed, so the fused term compiles in few steps, not in each (its queue is far from full: no
+    # memory comparison with the planner, which counts a full one)
+    ("pic_in1k_r50.yaml", ["objective.co2_alpha=0.3", "data.loader.sampler.window_size=0",
+                           "data.loader.sampler.stride=0"], 1281167, 0, 8, False),
 ])
-def test_each_objective_runs_on_fake_cuda_with_nothing_found(name, overrides, n, epoch, steps):
+def test_each_objective_runs_on_fake_cuda_with_nothing_found(name, overrides, n, epoch, steps, like_plan):
     config = _config(name, *overrides)
     result = dry_run_job(config, n, world_size=4, rank=1, steps=steps, epoch=epoch)
     text = format_result(result, config, name)
@@ -46,9 +51,13 @@ def test_each_objective_runs_on_fake_cuda_with_nothing_found(name, overrides, n,
     assert sorted(result.reports) == [0, 1, 3]
     report = result.report
     assert report.peak_bytes > 0 and report.collectives
-    if result.planned_objective is not None:  # the planner's model of the same step agrees within 50%
+    if like_plan and result.planned_objective is not None:  # the planner's model of the same step agrees within 50%
         assert 0.5 < report.peak_bytes / result.planned_objective < 1.5, text
-    if name.startswith("pic"):  # rows were written back, from pinned staging memory, waited for off the training thread
+    if name.startswith("pic") and "objective.co2_alpha=0.3" in overrides:  # chunks of 2^k rows (k >= 6)
+        logits_rows = [int(next(s for s in c.shapes.split(", ") if s.count("x") == 1).split("x")[0])
+                       for step in report.compilations for c in step]
+        assert logits_rows and all(rows >= 64 and rows & (rows - 1) == 0 for rows in logits_rows), text
+    if name.startswith("pic") and "objective.queue_size=4096" in overrides:  # rows were written back, from pinned staging memory, waited for off the training thread
         settled = [s for s in report.step_syncs if "settle" in s.where]
         assert settled and all(s.background for s in settled), text
 

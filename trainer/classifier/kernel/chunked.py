@@ -50,6 +50,9 @@ class KernelSettings:
     chunk_size: int = 65536
     form: str = "paper"  # "paper" | "soft_target"  (SmoothingForm values)
     logits_cache_bytes: int = 0  # 0: recompute in backward
+    # The weight's rows are sampled afresh each step (PIC's working rows), so the number of rows
+    # changes from step to step: a fused term pads its chunks to a few sizes rather than recompile.
+    rows_vary: bool = False
 
     def __post_init__(self) -> None:
         if not 1.0 / MAX_ABS_LOGIT <= self.temperature:
@@ -137,7 +140,7 @@ def _kernel_pass(batch: int, ranks: int, scored: ScoredRows, targets: _TargetsBy
                  settings: KernelSettings) -> KernelPass:
     """What a term is told of the pass; the targets' row 0 is each column's own row."""
     return KernelPass(batch, ranks, settings.temperature, scored.num_chunks(settings.chunk_size), targets.chunk[0],
-                      targets.row[0])
+                      targets.row[0], rows_vary=settings.rows_vary or scored.indices is not None)
 
 
 def _forward_chunks(scaled_features, weight, scored: ScoredRows, target_cols, settings: KernelSettings,

@@ -38,6 +38,8 @@ class KernelPass:
         chunks: chunks of the pass, in order (``chunk`` arguments count from 0).
         own_chunk: ``[B]`` the chunk holding each column's own row (its first target), -1 if none here.
         own_row: ``[B]`` that row's index inside its chunk (meaningless where ``own_chunk`` is -1).
+        rows_vary: the scored rows are sampled afresh each step (PIC), so the chunks' row counts
+            change from step to step (a compiled term would otherwise recompile for each).
     """
 
     batch: int
@@ -46,6 +48,7 @@ class KernelPass:
     chunks: int
     own_chunk: torch.Tensor
     own_row: torch.Tensor
+    rows_vary: bool = False
 
 
 class TermForward(Protocol):

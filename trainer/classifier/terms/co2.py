@@ -63,11 +63,36 @@ class ConsistencySettings:
 
 
 
+# Padding rows of a bucketed chunk: base-2 logits whose exp2 is exactly 0 in fp32, finite so that
+# the differences between two views' logits stay finite (-inf - -inf would be NaN).
+PAD_LOGIT = -1.0e4
+
+
+def bucketed_rows(rows: int) -> int:
+    """The row count a chunk is padded to when row counts vary by step: the next power of two (at
+    least 64), so the fused functions are compiled for a dozen shapes at most, not one per step."""
+    return max(64, 1 << (rows - 1).bit_length())
+
+
+def padded_to_bucket(logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` ``[rows, B]`` with ``PAD_LOGIT`` rows appended up to ``bucketed_rows(rows)``.
+    A padding row adds 0 to every sum of the term, and its gradient rows are dropped."""
+    rows, batch = logits.shape
+    bucket = bucketed_rows(rows)
+    if bucket == rows:
+        return logits
+    padded = logits.new_empty(bucket, batch)
+    padded[:rows] = logits
+    padded[rows:] = PAD_LOGIT
+    return padded
+
+
 class ConsistencyForward:
     """Accumulates the per-sample sums of the term over the chunks of the forward."""
 
     def __init__(self, settings: ConsistencySettings, kernel_pass: KernelPass) -> None:
         self.settings = settings
+        self.bucketed = kernel_pass.rows_vary
         self.math = ChunkMath.of(settings, kernel_pass.temperature, kernel_pass.batch, kernel_pass.ranks)
         self.own = self.math.own_positions_by_chunk(kernel_pass.own_chunk, kernel_pass.own_row, kernel_pass.chunks)
         ranks, _, local = self.math.grid
@@ -84,6 +109,8 @@ class ConsistencyForward:
         """Adds the chunk's sums; returns the kernel's ``kernel_sum`` ``[B]`` plus the chunk's
         ``sum_j exp(z)``.  ``logits``: the chunk's base-2 logits ``[rows, B]`` (left as they are);
         ``chunk``: its index in the pass."""
+        if self.bucketed:
+            logits = padded_to_bucket(logits)
         kernel_sum, self.sum_exp, self.expect = fused_add_chunk_sums(
             kernel_sum, self.sum_exp, self.expect, logits, self.own[chunk], self.math, compiled=self.settings.compiled
         )
@@ -147,6 +174,7 @@ class ConsistencyBackward:
                  grad_term: torch.Tensor, column_signs: torch.Tensor | None, shift_base2: torch.Tensor) -> None:
         """Arguments as in ``ChunkTerm.start_backward``; ``column_signs`` None: all +1."""
         self.settings = settings
+        self.bucketed = kernel_pass.rows_vary
         self.math = ChunkMath.of(settings, kernel_pass.temperature, kernel_pass.batch, kernel_pass.ranks)
         self.own = self.math.own_positions_by_chunk(kernel_pass.own_chunk, kernel_pass.own_row, kernel_pass.chunks)
         grid = self.math.grid
@@ -177,8 +205,12 @@ class ConsistencyBackward:
         """The chunk's ``dL/dz`` ``[rows, B]`` before the targets' part, ``exp2(logits - shift)`` plus
         the term's, from its unshifted base-2 logits (contiguous fp32, left as they are); ``chunk``: its
         index."""
-        return fused_grad_logits(logits, self.shift_base2, self.column_factor, self.own[chunk], self.coefficients,
+        rows = logits.shape[0]
+        if self.bucketed:
+            logits = padded_to_bucket(logits)
+        grads = fused_grad_logits(logits, self.shift_base2, self.column_factor, self.own[chunk], self.coefficients,
                                   self.math, compiled=self.settings.compiled)
+        return grads[:rows]  # the padding rows' gradients are dropped
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -120,7 +120,7 @@ class PicObjective(Objective):
         self.comm_timer = CommTimer()
         # Backbone gradients are averaged over all ranks; a rank's features feed the whole group.
         self.head = CosineHead(
-            config.kernel_settings(),
+            replace(config.kernel_settings(), rows_vary=True),  # the sampled rows per rank change every step
             self.group,
             dims.classifier_parallel_size,
             config.term(context.views),
