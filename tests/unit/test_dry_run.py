@@ -57,7 +57,8 @@ def test_each_objective_runs_on_fake_cuda_with_nothing_found(name, overrides, n,
         logits_rows = [int(next(s for s in c.shapes.split(", ") if s.count("x") == 1).split("x")[0])
                        for step in report.compilations for c in step]
         assert logits_rows and all(rows >= 64 and rows & (rows - 1) == 0 for rows in logits_rows), text
-    if name.startswith("pic") and "objective.queue_size=4096" in overrides:  # rows were written back, from pinned staging memory, waited for off the training thread
+    if name.startswith("pic") and "objective.queue_size=4096" in overrides:
+        # rows were written back, from pinned staging memory, waited for off the training thread
         settled = [s for s in report.step_syncs if "settle" in s.where]
         assert settled and all(s.background for s in settled), text
 
