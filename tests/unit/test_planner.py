@@ -129,7 +129,7 @@ def test_a_gpu_plan_counts_zero_buckets_and_dali_buffers():
     assert predict(PlanInput(**base, zero_stage=2, overlap_comm=True))["ZeRO gradient buckets"] == \
         2 * DEEPSPEED_REDUCE_BUCKET * 2
     assert predict(PlanInput(**base, zero_stage=1, reduce_bucket=50_000_000))["ZeRO gradient buckets"] == 10**8
-    for no_buckets in (dict(zero_stage=0), dict(zero_stage=3), dict(zero_stage=2, device="cpu")):
+    for no_buckets in (dict(zero_stage=0), dict(zero_stage=2, device="cpu")):  # (ZeRO-3: its own test)
         assert "ZeRO gradient buckets" not in predict(PlanInput(**base, **no_buckets))
     # 128 local images x 2 views of float32 3x224x224, two batches ahead, plus the decoded images.
     assert stage2["DALI pipeline buffers"] == 2 * 128 * 2 * 3 * 224 * 224 * 4 + 128 * 500 * 400 * 3
@@ -141,9 +141,26 @@ def test_the_plan_reads_zero_settings_from_a_deepspeed_config():
     from trainer.engine.deepspeed_setup import load_deepspeed_config
 
     assert deepspeed_settings(load_deepspeed_config(Path("ds_configs/zero2_bf16.json"), 1)) == {
-        "zero_stage": 2, "reduce_bucket": 50_000_000, "overlap_comm": False, "dtype": "bfloat16"}
+        "zero_stage": 2, "reduce_bucket": 50_000_000, "overlap_comm": False, "prefetch_bucket": 50_000_000,
+        "fp32_gradients": True, "dtype": "bfloat16"}
     assert deepspeed_settings({"zero_optimization": {"stage": 1, "overlap_comm": True}}) == {
-        "zero_stage": 1, "reduce_bucket": 500_000_000, "overlap_comm": True, "dtype": "float32"}
+        "zero_stage": 1, "reduce_bucket": 500_000_000, "overlap_comm": True, "prefetch_bucket": 50_000_000,
+        "fp32_gradients": False, "dtype": "float32"}
+
+
+def test_zero3_buckets_and_fp32_gradients_are_planned():
+    """Issue 39 row 4: ZeRO-3's reduce and prefetch buckets were not counted; fp32 gradients of a
+    bf16 backbone cost 4 bytes per (partitioned) parameter and per bucket element."""
+    from trainer.bench.planner import PlanInput, backbone_breakdown, deepspeed_settings, runtime_breakdown
+    from trainer.engine.deepspeed_setup import load_deepspeed_config
+
+    settings = deepspeed_settings(load_deepspeed_config(Path("ds_configs/zero3_bf16.json"), 1))
+    plan = PlanInput(mode="dhp", num_classes=1000, ranks=4, batch=64, backbone="resnet18", image_size=32, **settings)
+    runtime = runtime_breakdown(plan)
+    assert runtime["ZeRO gradient buckets"] == 50_000_000 * 4
+    assert runtime["ZeRO-3 parameter prefetch bucket"] == 50_000_000 * 2
+    bf16_gradients = backbone_breakdown(PlanInput(**{**plan.__dict__, "fp32_gradients": False}))
+    assert backbone_breakdown(plan)["backbone gradients"] == 2 * bf16_gradients["backbone gradients"]
 
 
 def test_a_config_is_planned_as_the_job_it_describes(tmp_path, capsys):

@@ -9,8 +9,9 @@ partitioning, and activations as the bytes autograd saves for backward, found by
 forward on the meta device (exact for the architecture and image size, no compute).
 
 On a GPU three more things take memory that ``max_memory_allocated`` never sees or that the model
-alone does not show: ZeRO-1/2's gradient buckets (``reduce_bucket_size`` elements in the gradient
-dtype, a second one with ``overlap_comm``; DeepSpeed's default is 5e8 elements, 1 GB in bf16),
+alone does not show: ZeRO's gradient buckets (``reduce_bucket_size`` elements in the dtype gradients
+are reduced in, a second one with ``overlap_comm``; DeepSpeed's default is 5e8 elements, 1 GB in
+bf16; ZeRO-3 adds its parameter prefetch bucket, ``stage3_prefetch_bucket_size`` 16-bit elements),
 DALI's pipeline buffers (its prefetched output batches and the decoded images), and the CUDA
 context with NCCL's buffers (about 1 GiB).  On CPU ranks ``buffers`` is a few MiB.
 """
@@ -30,6 +31,7 @@ CPU_BUFFERS = 8 * 2**20
 UNBOUNDED_CLASSES = 10**12  # "any N": device memory does not grow with N (PIC with rows off the device)
 GPU_BUFFERS = 1 * GIB
 DEEPSPEED_REDUCE_BUCKET = 500_000_000  # elements: DeepSpeed's default reduce_bucket_size
+DEEPSPEED_PREFETCH_BUCKET = 50_000_000  # elements: DeepSpeed's default stage3_prefetch_bucket_size
 DALI_PREFETCH_DEPTH = 2  # output batches DALI keeps ahead (its default prefetch_queue_depth)
 DECODED_IMAGE_BYTES = 500 * 400 * 3  # an average ImageNet image decoded (uint8 HWC), before cropping
 
@@ -56,6 +58,8 @@ class PlanInput:
     co2: bool = False  # CO2's consistency term (two global views): its chunk scratch in the backward
     reduce_bucket: int = DEEPSPEED_REDUCE_BUCKET  # ZeRO's reduce_bucket_size (elements)
     overlap_comm: bool = False  # ZeRO's overlap_comm: a second gradient bucket
+    prefetch_bucket: int = DEEPSPEED_PREFETCH_BUCKET  # ZeRO-3's stage3_prefetch_bucket_size (elements)
+    fp32_gradients: bool = False  # bf16 backbone, gradients reduced and kept in fp32 (ds_configs/*_bf16.json)
     dali: bool = True  # GPU decoding and augmentation with DALI (its buffers on the device)
 
     def __post_init__(self) -> None:
@@ -151,7 +155,7 @@ def backbone_breakdown(plan: PlanInput) -> dict[str, int]:
     half = plan.dtype != "float32"
     stage, ranks = plan.zero_stage, plan.ranks
     weights = parameters * (2 if half else 4) / (ranks if stage >= 3 else 1)
-    gradients = parameters * (2 if half else 4) / (ranks if stage >= 2 else 1)
+    gradients = parameters * (2 if half and not plan.fp32_gradients else 4) / (ranks if stage >= 2 else 1)
     # Optimizer state: momentum, plus an fp32 master copy under bf16/fp16.
     optimizer_state = parameters * ((4 if plan.momentum else 0) + (4 if half else 0)) / (ranks if stage >= 1 else 1)
     local_images = plan.batch // ranks * plan.views
@@ -169,9 +173,12 @@ def runtime_breakdown(plan: PlanInput) -> dict[str, int]:
     if plan.device != "gpu":
         return {"buffers": CPU_BUFFERS}
     breakdown = {}
-    if plan.backbone is not None and plan.zero_stage in (1, 2):
+    if plan.backbone is not None and plan.zero_stage >= 1:
         buckets = 2 if plan.overlap_comm else 1
-        breakdown["ZeRO gradient buckets"] = plan.reduce_bucket * _element_size(plan.dtype) * buckets
+        element = 4 if plan.fp32_gradients else _element_size(plan.dtype)
+        breakdown["ZeRO gradient buckets"] = plan.reduce_bucket * element * buckets
+        if plan.zero_stage == 3:
+            breakdown["ZeRO-3 parameter prefetch bucket"] = plan.prefetch_bucket * _element_size(plan.dtype)
     if plan.dali:
         local_images = plan.batch // plan.ranks
         outputs = local_images * plan.views * 3 * plan.image_size**2 * 4  # float32 CHW views
@@ -187,10 +194,14 @@ def predict(plan: PlanInput) -> dict[str, int]:
 def deepspeed_settings(ds_config: dict) -> dict:
     """``PlanInput`` fields from a DeepSpeed config (``ds_configs/*.json``)."""
     zero = ds_config.get("zero_optimization", {})
+    bf16 = bool(ds_config.get("bf16", {}).get("enabled"))
+    fp32_gradients = bf16 and ds_config.get("data_types", {}).get("grad_accum_dtype") in ("fp32", "float32")
     return {"zero_stage": int(zero.get("stage", 0)),
             "reduce_bucket": int(float(zero.get("reduce_bucket_size", DEEPSPEED_REDUCE_BUCKET))),
             "overlap_comm": bool(zero.get("overlap_comm", False)),
-            "dtype": "bfloat16" if ds_config.get("bf16", {}).get("enabled") else "float32"}
+            "prefetch_bucket": int(float(zero.get("stage3_prefetch_bucket_size", DEEPSPEED_PREFETCH_BUCKET))),
+            "fp32_gradients": fp32_gradients,
+            "dtype": "bfloat16" if bf16 else "float32"}
 
 
 def total(plan: PlanInput) -> int:

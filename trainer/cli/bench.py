@@ -95,10 +95,26 @@ def _add_ddp_vs_dhp(benchmarks) -> None:
     parser.add_argument("--classes", type=int, nargs="+", help="measure only these N (no sweep)")
     parser.add_argument("--out", type=Path, default=Path("out/ddp-vs-dhp"),
                         help="where the tables, plot and summary go (default %(default)s)")
+    parser.add_argument("--fake-devices", metavar="CAPS_GIB", type=lambda text: [float(c) for c in text.split(",")],
+                        help="instead: execute the classifier's step on fake CUDA devices as rank 0 of --ranks "
+                        "(no GPU needed) and print the largest N per mode under each cap, e.g. 32,80 with "
+                        "--ranks 64 --batch 4096 for the paper's Figure 3 (ResNet-50 by the planner's formula)")
+
+
+def _run_fake_device_sweep(args: argparse.Namespace) -> int:
+    from trainer.bench.fake_device_sweep import FakeSweep, format_table, run
+
+    sweep = FakeSweep(ranks=args.ranks, batch=args.batch, dim=args.dim, chunk_size=args.chunk_size)
+    rows = run(args.fake_devices, sweep, progress=lambda line: print(line, flush=True))
+    print(format_table(rows, sweep))
+    return 0
 
 
 def _run_ddp_vs_dhp(args: argparse.Namespace) -> int:
     from trainer.bench.ddp_vs_dhp import SweepSettings, run
+
+    if args.fake_devices:
+        return _run_fake_device_sweep(args)
 
     settings = settings_from_args(SweepSettings, args, logits_cache_bytes=int(args.logits_cache_gib * GIB))
     _, table = run(settings, args.out, progress=lambda line: print(line, flush=True), classes=args.classes)

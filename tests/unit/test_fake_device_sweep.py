@@ -1,0 +1,33 @@
+"""`instcls bench ddp-vs-dhp --fake-devices`: the largest N of each mode found by executing the
+classifier's step on fake CUDA devices (issue 39), here at a small shape."""
+
+from __future__ import annotations
+
+from trainer.bench.fake_device_sweep import (
+    FakeSweep,
+    _job,
+    _rest_of_the_rank,
+    executed_peak,
+    format_table,
+    largest_fitting,
+    planned_largest,
+)
+from trainer.bench.planner import GIB
+
+SWEEP = FakeSweep(ranks=4, batch=256, dim=16, chunk_size=4096, start_classes=20_000, growth=2.0, resolution=0.05)
+
+
+def test_the_boundary_fits_and_a_little_more_does_not_and_dhp_fits_more_than_ddp():
+    cap = _rest_of_the_rank(_job(SWEEP, "ddp"), SWEEP) + 48 * 2**20  # the backbone's share plus 48 MiB
+    found = {}
+    for mode in ("ddp", "dhp"):
+        config = _job(SWEEP, mode)
+        rest = _rest_of_the_rank(config, SWEEP)
+        n = found[mode] = largest_fitting(mode, cap, SWEEP)
+        assert executed_peak(config, SWEEP, n) + rest <= cap
+        assert executed_peak(config, SWEEP, int(n * (1 + 2 * SWEEP.resolution))) + rest > cap
+        planned = planned_largest(mode, cap, SWEEP)  # the planner models the same step
+        assert 0.75 < n / planned < 1.25, (mode, n, planned)
+    assert found["dhp"] > 2 * found["ddp"]  # 4 shards, less the per-rank workspace
+    rows = [{"cap_gib": cap / GIB, **{f"{m}_{k}": found[m] for m in found for k in ("executed", "planned")}}]
+    assert "| DHP / DDP |" in format_table(rows, SWEEP)

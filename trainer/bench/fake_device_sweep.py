@@ -1,0 +1,133 @@
+"""The paper's Figure 3 at its real scale, on fake CUDA devices: the largest N each mode fits.
+
+The paper trains ResNet-50 with global batch 4096 on 64 V100-32GB and reports DDP (W replicated,
+its gradient all-reduced) out of memory at 4.7M classes and DHP (W sharded) fitting 30M: 6.4x.
+Here the classifier's step is *executed* at each N as rank 0 of 64 (the largest shard) by the dry
+run (``trainer.dry_run``): W, its gradient and momentum, the chunk workspace, the all-gathered
+features, DDP's N x D all-reduce.  The ResNet-50 under ZeRO, DALI and the runtime are counted by
+the planner's formula (DeepSpeed's engine needs a real device) and added to each point.  N grows
+geometrically until the total passes the cap, then the boundary is bisected.  The planner's own
+answer (``instcls plan``) and the paper's are printed beside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from trainer.bench.planner import GIB, backbone_breakdown, largest_classes, runtime_breakdown
+from trainer.config import JobConfig
+
+PAPER = {"ddp": 4_700_000, "dhp": 30_000_000}  # classes at 64 x V100-32GB (the paper's Figure 3)
+
+
+@dataclass(frozen=True)
+class FakeSweep:
+    ranks: int = 64
+    batch: int = 4096  # global
+    dim: int = 128
+    chunk_size: int = 65536
+    deepspeed_config: str = "zero2_bf16"
+    start_classes: int = 1_000_000
+    growth: float = 1.5
+    resolution: float = 0.02  # bisect until the boundary is known within 2%
+
+
+def _job(sweep: FakeSweep, mode: str) -> JobConfig:
+    """The instance objective without label smoothing or the prior (the classifier alone, as in
+    the paper's comparison), on the sweep's shape."""
+    import ds_configs
+    from trainer.config_building import build_dataclass
+
+    data = {
+        "data": {"train_shards": "(fake)", "loader": {"batch_size": sweep.batch // sweep.ranks}},
+        "model": {"arch": "resnet50", "feature_dim": sweep.dim},
+        "objective": {"name": "instance", "mode": mode, "smoothing_alpha": 0.0, "contrastive_prior": False,
+                      "chunk_size": sweep.chunk_size},
+        "parallel": {"device": "cuda"},
+        "deepspeed_config": sweep.deepspeed_config,
+    }
+    config = build_dataclass(JobConfig, data, "")
+    return replace(config, deepspeed_config=ds_configs.resolve(config.deepspeed_config))
+
+
+def _rest_of_the_rank(config: JobConfig, sweep: FakeSweep) -> int:
+    """Backbone, ZeRO, DALI and runtime bytes per rank by the planner's formula (independent of N)."""
+    from trainer.bench.plan_from_config import plan_input_from_config
+
+    plan = plan_input_from_config(config, sweep.ranks, sweep.ranks)
+    return sum((backbone_breakdown(plan) | runtime_breakdown(plan)).values())
+
+
+def executed_peak(config: JobConfig, sweep: FakeSweep, num_classes: int) -> int:
+    """Rank 0's peak device bytes over two executed classifier steps at ``num_classes``."""
+    from trainer.dry_run.rank_step import run_rank
+
+    report = run_rank(config, num_classes, sweep.ranks, rank=0, steps=2)
+    if report.stopped:
+        raise RuntimeError(f"the dry run of N={num_classes} stopped: {report.stopped}")
+    return report.peak_bytes
+
+
+def largest_fitting(mode: str, cap_bytes: int, sweep: FakeSweep, progress=None) -> int:
+    """The largest N whose executed step plus the rest of the rank fits ``cap_bytes`` (0: none does)."""
+    config = _job(sweep, mode)
+    rest = _rest_of_the_rank(config, sweep)
+
+    def fits(n: int) -> bool:
+        total = executed_peak(config, sweep, n) + rest
+        if progress is not None:
+            progress(f"{mode} N={n:,}: {total / GIB:.2f} GiB of {cap_bytes / GIB:g}")
+        return total <= cap_bytes
+
+    low, high = 0, sweep.start_classes
+    while fits(high):
+        low, high = high, int(high * sweep.growth)
+    while high - low > max(sweep.ranks, low * sweep.resolution):
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
+
+
+def planned_largest(mode: str, cap_bytes: int, sweep: FakeSweep) -> int:
+    from trainer.bench.plan_from_config import plan_input_from_config
+
+    return largest_classes(plan_input_from_config(_job(sweep, mode), sweep.ranks, sweep.ranks), cap_bytes)
+
+
+def run(caps_gib: list[float], sweep: FakeSweep, progress=None) -> list[dict]:
+    rows = []
+    for cap in caps_gib:
+        row = {"cap_gib": cap}
+        for mode in ("ddp", "dhp"):
+            row[f"{mode}_executed"] = largest_fitting(mode, int(cap * GIB), sweep, progress)
+            row[f"{mode}_planned"] = planned_largest(mode, int(cap * GIB), sweep)
+        rows.append(row)
+    return rows
+
+
+def _millions(n: int) -> str:
+    return f"{n / 1e6:.1f}M"
+
+
+def _ratio(dhp: int, ddp: int) -> str:
+    return f"{dhp / ddp:.1f}x" if ddp else "-"
+
+
+def format_table(rows: list[dict], sweep: FakeSweep) -> str:
+    lines = [
+        f"largest N per rank's memory: {sweep.ranks} ranks, global batch {sweep.batch}, D {sweep.dim}, "
+        f"{sweep.deepspeed_config}; the classifier's step executed on fake CUDA devices, ResNet-50 + ZeRO + DALI "
+        "+ runtime by the planner's formula",
+        "",
+        "| memory per rank | mode | executed (dry run) | planned (`instcls plan`) | paper (V100-32GB) |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        paper = row["cap_gib"] == 32
+        for mode in ("ddp", "dhp"):
+            lines.append(f"| {row['cap_gib']:g} GiB | {mode.upper()} | {_millions(row[f'{mode}_executed'])} | "
+                         f"{_millions(row[f'{mode}_planned'])} | {_millions(PAPER[mode]) if paper else '-'} |")
+        lines.append(f"| {row['cap_gib']:g} GiB | DHP / DDP | {_ratio(row['dhp_executed'], row['ddp_executed'])} | "
+                     f"{_ratio(row['dhp_planned'], row['ddp_planned'])} | "
+                     f"{_ratio(PAPER['dhp'], PAPER['ddp']) if paper else '-'} |")
+    return "\n".join(lines)
