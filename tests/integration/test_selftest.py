@@ -1,20 +1,24 @@
 """`instcls selftest`: its CPU subset passes here and in CI and names what it skipped; a failing
-check fails the command; on a GPU node (marker ``gpu``) every check must run and pass."""
+check fails the command; on a GPU node (marker ``gpu``) every check must run and pass.  Issue 39
+row 5: each way it used to pass vacuously now fails (a GPU node whose CUDA cannot start, a check
+failing on rank 1 only, a rank raising while the others wait in a collective, PIC's store wrong
+but finite, a host sync in the smoothing/CO2 step)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
 from tests.helpers.training import REPO
 from trainer.selftest.report import FAIL, PASS, SKIPPED, CheckResult
 
-GPU_ONLY = {"host syncs per step", "bf16 ZeRO-2 ResNet-50 step"}
+GPU_ONLY = {"bf16 ZeRO-2 ResNet-50 step"}
 EVERY_CHECK = {"devices", "compiled CO2 kernel", "PIC host store + prefetch", "DALI decode", "collectives",
-               "sharded classifier"} | GPU_ONLY
+               "sharded classifier", "host syncs per step"} | GPU_ONLY
 
 
 def test_the_cpu_subset_passes_and_says_what_it_skipped(tmp_path):
@@ -49,3 +53,97 @@ def test_every_check_runs_and_passes_on_a_gpu_node():
     rows = {row.name: row for row in run_selftest(progress=lambda line: None)}
     assert set(rows) == EVERY_CHECK
     assert all(row.status == PASS for row in rows.values()), [row for row in rows.values() if row.status != PASS]
+
+
+def test_a_gpu_node_whose_cuda_cannot_start_fails_instead_of_running_the_cpu_subset(monkeypatch):
+    from trainer.selftest import local_checks
+
+    monkeypatch.setattr(local_checks, "nvidia_devices_present", lambda: ["nvidia0", "nvidia1"])
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    row = local_checks.devices()
+    assert row.status == FAIL and "/dev/nvidia0 is present but CUDA cannot start" in row.detail
+
+
+def test_nvidia_device_files_are_what_marks_a_gpu_node(tmp_path):
+    from trainer.selftest.local_checks import nvidia_devices_present
+
+    for name in ("nvidia0", "nvidia3", "nvidiactl", "nvidia-uvm", "null"):
+        (tmp_path / name).touch()
+    assert nvidia_devices_present(tmp_path) == ["nvidia0", "nvidia3"]
+
+
+def test_local_checks_run_on_the_last_visible_gpu_not_device_0(monkeypatch):
+    from trainer.selftest.runner import local_device
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 4)
+    assert str(local_device()) == "cuda:3"
+
+
+def test_a_check_failing_on_one_rank_fails_the_row_naming_that_rank():
+    from trainer.selftest.runner import merge_ranks
+
+    ok, bad = CheckResult("collectives", PASS, "1 GB/s", "", 2.0), CheckResult("collectives", FAIL, "", "wrong", 1.0)
+    skipped = CheckResult("bf16", SKIPPED, "", "needs a CUDA device")
+    rows = merge_ranks({0: [ok, skipped], 1: [bad]}, ["collectives", "bf16"])
+    assert rows[0].status == FAIL and rows[0].detail == "rank 1 of 2: wrong"
+    assert rows[1].status == FAIL and "not run on ranks [1]" in rows[1].detail
+    assert [r.status for r in merge_ranks({0: [ok, skipped], 1: [ok, skipped]}, ["collectives", "bf16"])] == [
+        PASS, SKIPPED]
+
+
+def raises_on_rank_1(dims):
+    """Planted: rank 1 raises while rank 0 waits for it in an all-reduce."""
+    import torch
+    import torch.distributed as dist
+
+    if dims.rank == 1:
+        raise RuntimeError("planted failure on rank 1")
+    dist.all_reduce(torch.ones(1))
+    return CheckResult("raises on rank 1", PASS)
+
+
+def test_a_rank_raising_while_the_others_wait_in_a_collective_ends_in_a_failure_not_a_hang(monkeypatch):
+    from trainer.selftest.distributed_checks import TIMEOUT_ENV, collectives
+    from trainer.selftest.runner import run_distributed
+
+    monkeypatch.setenv(TIMEOUT_ENV, "60")  # the bound if a peer's exit went unnoticed
+    started = time.monotonic()
+    rows = run_distributed(2, (raises_on_rank_1, collectives))
+    assert time.monotonic() - started < 60
+    assert rows[0].status == FAIL and rows[0].detail.startswith("rank 1 of 2: RuntimeError: planted failure")
+    assert rows[1].status == FAIL and "not run" in rows[1].detail
+
+
+def test_a_pic_store_that_differs_from_the_device_store_fails(monkeypatch):
+    import torch
+
+    from trainer.selftest import local_checks
+
+    original = local_checks._pic_steps
+
+    def wrong_host_store(device, row_store, prefetch):
+        losses, rows, milliseconds = original(device, row_store, prefetch)
+        return losses, rows + (1e-3 if row_store == "host" else 0.0), milliseconds  # finite, but not the rows
+
+    monkeypatch.setattr(local_checks, "_pic_steps", wrong_host_store)
+    row = local_checks.pic_host_store(torch.device("cpu"))
+    assert row.status == FAIL and "rows diff 1.0e-03" in row.detail
+
+
+def test_a_host_sync_in_the_smoothing_and_co2_step_fails_the_check(monkeypatch):
+    import torch
+
+    from trainer.objectives.instance.objective import InstanceObjective
+    from trainer.selftest import local_checks
+
+    original = InstanceObjective.loss
+
+    def syncing_loss(self, step):
+        out = original(self, step)
+        out.loss.detach().sum().item()  # planted: a host read of the loss every step
+        return out
+
+    monkeypatch.setattr(InstanceObjective, "loss", syncing_loss)
+    row = local_checks.host_syncs_per_step(torch.device("cpu"))
+    assert row.status == FAIL and "test_selftest.py" in row.detail and "_local_scalar_dense" in row.detail

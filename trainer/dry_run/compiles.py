@@ -27,8 +27,10 @@ from trainer.dry_run.host_syncs import caller
 def _outputs_only(graph):
     """A stand-in kernel: the graph's outputs, freshly allocated, none of its intermediates."""
     def kernel(*tensors):
-        with _disable_current_modes(), detect_fake_mode(tensors):  # the fake mode only: nothing counted
-            outputs = graph(*tensors)
+        # The fake mode only: nothing counted.  ``forward``, not ``graph(...)``: a module call would
+        # reach the memory tracker's global module hooks, which refuse a module run twice in a step.
+        with _disable_current_modes(), detect_fake_mode(tensors):
+            outputs = graph.forward(*tensors)
         return tree_map(lambda v: torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
                         if isinstance(v, torch.Tensor) else v, outputs)
     return kernel

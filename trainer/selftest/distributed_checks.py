@@ -1,11 +1,18 @@
 """Self-test checks across every local device: one spawned rank per visible GPU (NCCL), or two CPU
-ranks (gloo) where there is none.  Rank 0 writes the results to a JSON file for the runner."""
+ranks (gloo) where there is none.
+
+Every rank writes its own results (``rank-R.json``, after each check): a check that fails on one
+rank only must fail the self-test, whichever rank it is.  A rank whose check raised stops there:
+its peers, waiting for it in that check's collectives, then fail too (the peer's connection
+closes, or the process group's timeout ends the wait) instead of hanging, and the runner reports
+the rank that failed first."""
 
 from __future__ import annotations
 
 import json
+import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -14,21 +21,32 @@ import torch.nn.functional as F
 
 from trainer.selftest.report import FAIL, PASS, SKIPPED, CheckResult
 
+TIMEOUT_ENV = "INSTCLS_SELFTEST_TIMEOUT_S"  # how long a rank waits in a collective for a failed peer
 
-def worker(result_path: str) -> None:
-    """One rank: every distributed check in turn, each failure caught and reported as its result."""
+
+def check_name(check) -> str:
+    return check.__name__.replace("_", " ")
+
+
+def worker(result_dir: str, checks=None) -> None:
+    """One rank: the distributed checks in turn, each failure caught and reported as its result."""
     from trainer.parallel import init_distributed
 
-    dims = init_distributed()
+    dims = init_distributed(timeout_s=float(os.environ.get(TIMEOUT_ENV, 120)))
     results = []
-    for check in (collectives, sharded_classifier, bf16_zero2_step):
+    path = Path(result_dir, f"rank-{dims.rank}.json")
+    for check in checks or DISTRIBUTED_CHECKS:
         try:
-            results.append(check(dims))
+            result = check(dims)
+            dist.barrier()  # the ranks end each check together
+            failed = False
         except Exception as error:  # noqa: BLE001 - a failed check is a row of the table, not the end
-            results.append(CheckResult(check.__name__.replace("_", " "), FAIL, "", f"{type(error).__name__}: {error}"))
-        dist.barrier()
-    if dims.rank == 0:
-        Path(result_path).write_text(json.dumps([asdict(result) for result in results]))
+            result = CheckResult(check_name(check), FAIL, "", f"{type(error).__name__}: {error}")
+            failed = True
+        results.append(replace(result, at=time.time()))
+        path.write_text(json.dumps([asdict(result) for result in results]))
+        if failed:  # its peers may be inside this check's collectives: they fail on their own, not hang
+            os._exit(0)
 
 
 def collectives(dims) -> CheckResult:
@@ -63,40 +81,43 @@ def collectives(dims) -> CheckResult:
 
 
 def sharded_classifier(dims) -> CheckResult:
-    """The class-sharded loss and its gradient against ``F.cross_entropy`` over the full matrix."""
+    """The class-sharded loss and its gradient against ``F.cross_entropy`` over the full matrix, in
+    fp32 and with bf16 features, over several chunks per rank (the chunk loop's boundaries)."""
     from trainer.classifier.kernel.chunked import KernelSettings, sharded_cosine_ce
     from trainer.classifier.sharding import ClassShard
 
     world, rank, device = dims.world_size, dims.rank, dims.device
     generator = torch.Generator().manual_seed(0)
     classes, batch, tau = 50_000, 128, 0.15
+    chunk = max(256, classes // world // 5)  # about five chunks per rank, the last one shorter
     features = F.normalize(torch.randn(batch, 128, generator=generator), dim=1).to(device)
     weight = torch.randn(classes, 128, generator=generator).to(device)
     ids = torch.randint(0, classes, (batch,), generator=generator).to(device)
     shard = ClassShard(classes, world, rank)
     rows = slice(shard.class_start, shard.class_end)
-    local_weight = weight[rows].clone().requires_grad_()
     cols = torch.where(shard.is_local(ids), ids - shard.class_start, -1)[:, None]
-    loss = sharded_cosine_ce(
-        features,
-        local_weight,
-        cols,
-        torch.ones(batch, 1, device=device),
-        KernelSettings(temperature=tau, chunk_size=8192),
-        dims.classifier_group,
-    )
-    loss.sum().backward()
-    reference_weight = weight.clone().requires_grad_()
-    reference = F.cross_entropy(features @ F.normalize(reference_weight, dim=1).t() / tau, ids, reduction="none")
-    reference.sum().backward()
-    loss_error = float((loss - reference).detach().abs().max())
-    grad_error = float((local_weight.grad - reference_weight.grad[rows]).abs().max())
-    ok = loss_error < 1e-4 and grad_error < 1e-5
+    errors = {}
+    # bf16: against the reference on the same (rounded) features; its logits are rounded once more
+    for dtype, loss_limit, grad_limit in ((torch.float32, 1e-4, 1e-5), (torch.bfloat16, 1e-2, 5e-4)):
+        inputs = features.to(dtype)
+        local_weight = weight[rows].clone().requires_grad_()
+        loss = sharded_cosine_ce(inputs, local_weight, cols, torch.ones(batch, 1, device=device),
+                                 KernelSettings(temperature=tau, chunk_size=chunk), dims.classifier_group)
+        loss.sum().backward()
+        reference_weight = weight.clone().requires_grad_()
+        reference = F.cross_entropy(inputs.float() @ F.normalize(reference_weight, dim=1).t() / tau, ids,
+                                    reduction="none")
+        reference.sum().backward()
+        errors[dtype] = (float((loss.float() - reference).detach().abs().max()),
+                         float((local_weight.grad - reference_weight.grad[rows]).abs().max()), loss_limit, grad_limit)
+    ok = all(loss_error < loss_limit and grad_error < grad_limit
+             for loss_error, grad_error, loss_limit, grad_limit in errors.values())
+    (fp32_loss, fp32_grad, *_), (bf16_loss, bf16_grad, *_) = errors.values()
     return CheckResult(
         "sharded classifier",
         PASS if ok else FAIL,
-        f"loss diff {loss_error:.1e}",
-        f"N={classes} over {world} ranks, dW diff {grad_error:.1e}",
+        f"loss diff {fp32_loss:.1e} fp32, {bf16_loss:.1e} bf16",
+        f"N={classes} over {world} ranks in chunks of {chunk}, dW diff {fp32_grad:.1e} fp32, {bf16_grad:.1e} bf16",
     )
 
 
@@ -159,3 +180,6 @@ def _planned_allocations(model_config, classifier_config, ds_config: dict, ranks
         **planner.deepspeed_settings(ds_config),
     )
     return sum(size for part, size in planner.predict(plan).items() if not part.startswith("buffers"))
+
+
+DISTRIBUTED_CHECKS = (collectives, sharded_classifier, bf16_zero2_step)

@@ -16,18 +16,36 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from trainer.selftest.report import FAIL, PASS, SKIPPED, CheckResult
+from trainer.selftest.report import FAIL, PASS, CheckResult
 
 NO_GPU = "needs a CUDA device"
+
+
+def nvidia_devices_present(dev: Path = Path("/dev")) -> list[str]:
+    """The NVIDIA GPU device files of this node (``/dev/nvidia0``...): the GPUs a pod was given,
+    whether or not CUDA can use them."""
+    return sorted(path.name for path in dev.glob("nvidia[0-9]*"))
+
+
+def _why_cuda_cannot_start() -> str:
+    try:
+        torch.cuda.init()
+    except Exception as error:  # noqa: BLE001 - its message is the finding
+        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    return "torch.cuda.is_available() is false"
 
 
 def devices() -> CheckResult:
     from trainer.observability.what_runs import what_runs
     from trainer.parallel import single_process_dims
 
-    facts = what_runs(single_process_dims())
+    facts = what_runs(single_process_dims(torch.device("cpu")))
     found = ", ".join(f"{name} {facts[name]}" for name in ("torch", "cuda", "nccl", "dali", "deepspeed"))
     if not torch.cuda.is_available():
+        if gpus := nvidia_devices_present():
+            return CheckResult("devices", FAIL, f"{len(gpus)} NVIDIA devices, CUDA unusable",
+                               f"/dev/{gpus[0]} is present but CUDA cannot start ({_why_cuda_cannot_start()}): "
+                               f"check the driver and the CUDA build of torch ({found})")
         return CheckResult("devices", PASS, "CPU only", f"{found}; the GPU-only checks are skipped")
     names = sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())})
     return CheckResult("devices", PASS, f"{torch.cuda.device_count()} x {', '.join(names)}", found)
@@ -61,24 +79,27 @@ def compiled_co2(device: torch.device) -> CheckResult:
     return CheckResult("compiled CO2 kernel", status, f"max diff {error:.1e}", f"compiled vs eager, {seconds:.1f} s")
 
 
-def pic_host_store(device: torch.device) -> CheckResult:
-    """Three PIC steps with W in host memory (pinned on GPUs) and the next step's rows prefetched
-    in the background (a side stream on GPUs)."""
+def _pic_steps(device: torch.device, row_store: str, prefetch: bool) -> tuple[list[float], torch.Tensor, float]:
+    """Eight PIC steps of fixed inputs: their losses, every row (W, momentum) at the end, ms per step."""
     from data_pipeline.loading.samplers.base import StepIndices
     from trainer.engine.schedule import set_lr
     from trainer.objectives import ObjectiveContext, OptimSettings, PicConfig, StepViews, View, build_objective
     from trainer.parallel import single_process_dims
 
     dims = single_process_dims(device)
-    config = PicConfig(chunk_size=1024, queue_size=512, row_store="host", prefetch=True)
+    config = PicConfig(chunk_size=1024, queue_size=256, row_store=row_store, prefetch=prefetch)
     context = ObjectiveContext(dims=dims, num_instances=20_000, feature_dim=128, seed=0,
                                optim=OptimSettings(momentum=0.9, weight_decay=1e-4))
     objective = build_objective(config, context)
     rng = np.random.default_rng(0)
-    plans = [StepIndices(rng.choice(20_000, (1, 64), replace=False), np.ones((1, 64), dtype=bool)) for _ in range(4)]
+    steps = 8  # the queue (256) is full after 4 steps of 64: later steps write rows back to the store
+    plans = [StepIndices(rng.choice(20_000, (1, 64), replace=False), np.ones((1, 64), dtype=bool))
+             for _ in range(steps + 1)]
+    generator = torch.Generator().manual_seed(1)
+    inputs = [[torch.randn(64, 128, generator=generator) for _ in range(2)] for _ in range(steps)]
     started, losses = time.perf_counter(), []
-    for step in range(3):
-        views = [View(torch.randn(64, 128, device=device, requires_grad=True), "global", v) for v in range(2)]
+    for step in range(steps):
+        views = [View(x.to(device).requires_grad_(), "global", v) for v, x in enumerate(inputs[step])]
         ids = torch.from_numpy(plans[step].ids[0]).to(device)
         loss = objective.loss(StepViews(views, ids, torch.ones(64, dtype=torch.bool, device=device), 64, 0, step,
                                         plan=plans[step], next_plan=plans[step + 1])).loss
@@ -87,12 +108,23 @@ def pic_host_store(device: torch.device) -> CheckResult:
         for optimizer in objective.optimizers():
             set_lr(optimizer, 0.1)
             optimizer.step()
-        losses.append(float(loss))
-    objective.state_dict()  # waits for the last prefetch and brings every row up to date
-    milliseconds = 1000 * (time.perf_counter() - started) / 3
-    status = PASS if all(np.isfinite(losses)) else FAIL
-    return CheckResult("PIC host store + prefetch", status, f"{milliseconds:.0f} ms/step",
-                       "pinned rows, side stream" if device.type == "cuda" else "CPU rows, prefetch thread")
+        losses.append(float(loss.detach()))
+    rows = objective.state_dict()["rows"].rows  # waits for the last prefetch, brings every row up to date
+    return losses, rows.float().cpu(), 1000 * (time.perf_counter() - started) / steps
+
+
+def pic_host_store(device: torch.device) -> CheckResult:
+    """PIC with W in host memory (pinned on GPUs), rows written back and the next step's rows
+    prefetched in the background (a side stream on GPUs), against the same steps with every row
+    on the device and no prefetch: the same losses and the same rows at the end."""
+    losses, rows, milliseconds = _pic_steps(device, "host", prefetch=True)
+    expected_losses, expected_rows, _ = _pic_steps(device, "device", prefetch=False)
+    loss_error = max(abs(a - b) for a, b in zip(losses, expected_losses))
+    row_error = float((rows - expected_rows).abs().max())
+    ok = loss_error <= 1e-6 and row_error <= 1e-6
+    where = "pinned rows, side stream" if device.type == "cuda" else "CPU rows, prefetch thread"
+    return CheckResult("PIC host store + prefetch", PASS if ok else FAIL, f"{milliseconds:.0f} ms/step",
+                       f"{where}; vs rows on the device: loss diff {loss_error:.1e}, rows diff {row_error:.1e}")
 
 
 def dali_decode(device: torch.device) -> CheckResult:
@@ -116,26 +148,85 @@ def dali_decode(device: torch.device) -> CheckResult:
     return CheckResult("DALI decode", PASS, f"{images / seconds:.0f} images/s", f"{decoder}, {images} images")
 
 
-def host_syncs_per_step(device: torch.device) -> CheckResult:
-    """Host syncs in one step of the sharded classifier, as CUDA's sync debug mode counts them."""
-    if device.type != "cuda":
-        return CheckResult("host syncs per step", SKIPPED, "", NO_GPU)
-    from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
+def _objective_steps(objective, device: torch.device, ids_per_step: list[np.ndarray], num_instances: int):
+    """One step per ``ids_per_step`` entry (fixed random features, learning rate 0.1)."""
+    from data_pipeline.loading.samplers.base import StepIndices
+    from trainer.engine.schedule import set_lr
+    from trainer.objectives import StepViews, View
+
+    plans = [StepIndices(ids[None, :], np.ones((1, ids.size), dtype=bool)) for ids in ids_per_step]
+    for step, plan in enumerate(plans):
+        views = [View(torch.randn(plan.ids.shape[1], 128, device=device, requires_grad=True), "global", v)
+                 for v in range(2)]
+        ids = torch.from_numpy(plan.ids[0]).to(device, non_blocking=True)
+        valid = torch.ones(plan.ids.shape[1], dtype=torch.bool, device=device)
+        loss = objective.loss(StepViews(views, ids, valid, plan.ids.shape[1], 0, step, plan=plan,
+                                        next_plan=plans[min(step + 1, len(plans) - 1)])).loss
+        loss.backward()
+        objective.after_backward()
+        for optimizer in objective.optimizers():
+            set_lr(optimizer, 0.1)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+
+def _cluster_objectives(device: torch.device) -> dict:
+    """The step settings the cluster configs use: top-K smoothing with CO2, and PIC with its host store."""
+    from trainer.objectives import InstanceConfig, ObjectiveContext, OptimSettings, PicConfig, build_objective
     from trainer.parallel import single_process_dims
 
-    classifier = ShardedCosineClassifier(ClassifierConfig(num_classes=100_000, validate_inputs=False, chunk_size=16384),
-                                         single_process_dims(device))
-    features = torch.randn(256, 128, device=device, requires_grad=True)
-    ids = torch.randint(0, 100_000, (256,), device=device)
-    classifier(features, ids).backward()  # warm-up: allocations and first launches
-    torch.cuda.synchronize(device)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            classifier(features, ids).backward()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    syncs = [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message).lower()]
-    return CheckResult("host syncs per step", PASS if not syncs else FAIL, f"{len(syncs)} syncs",
-                       syncs[0] if syncs else "classifier forward + backward")
+    context = ObjectiveContext(dims=single_process_dims(device), num_instances=100_000, feature_dim=128, seed=0,
+                               optim=OptimSettings(momentum=0.9, weight_decay=1e-4))
+    instance = build_objective(InstanceConfig(chunk_size=16384, top_k=10, smoothing_alpha=0.2, co2_alpha=0.3,
+                                              contrastive_prior=False), context)
+    instance.on_epoch_start(0)  # the hard-negative search (once per epoch, not a step)
+    pic = build_objective(PicConfig(chunk_size=16384, queue_size=1024, row_store="host", prefetch=True,
+                                    co2_alpha=0.3), context)
+    return {"instance (top-K smoothing, CO2)": instance, "pic (host store, prefetch, CO2)": pic}
+
+
+def host_syncs_per_step(device: torch.device) -> CheckResult:
+    """Host syncs in the steps of the cluster configs' settings: on a GPU as CUDA's sync debug mode
+    counts them (after warm-up steps that compile and allocate); without one, on fake CUDA devices
+    by the dry run (``trainer.dry_run``), at small N on 2 simulated ranks."""
+    if device.type != "cuda":
+        return _host_syncs_on_fake_devices()
+    rng = np.random.default_rng(0)
+    found = []
+    for name, objective in _cluster_objectives(device).items():
+        batches = [rng.choice(100_000, 256, replace=False) for _ in range(8)]
+        _objective_steps(objective, device, batches[:6], 100_000)  # warm-up: PIC's queue fills, rows written back
+        torch.cuda.synchronize(device)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                _objective_steps(objective, device, batches[6:], 100_000)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        found += [f"{name}: {str(w.message).splitlines()[0]}" for w in caught if "synchroniz" in str(w.message).lower()]
+    return CheckResult("host syncs per step", PASS if not found else FAIL, f"{len(found)} syncs",
+                       found[0] if found else "instance with smoothing and CO2, PIC with its host store")
+
+
+def _host_syncs_on_fake_devices() -> CheckResult:
+    from trainer.config import JobConfig
+    from trainer.config_building import build_dataclass
+    from trainer.dry_run.job import dry_run_job
+
+    found = []
+    objectives = {
+        "instance (top-K smoothing, CO2)": {"name": "instance", "top_k": 10, "smoothing_alpha": 0.2, "co2_alpha": 0.3,
+                                            "contrastive_prior": False, "chunk_size": 4096},
+        "pic (host store, prefetch, CO2)": {"name": "pic", "queue_size": 512, "row_store": "host", "prefetch": True,
+                                            "co2_alpha": 0.3, "chunk_size": 4096},
+    }
+    for name, objective in objectives.items():
+        config = build_dataclass(JobConfig, {"data": {"train_shards": "(fake)", "loader": {"batch_size": 128}},
+                                             "objective": objective, "parallel": {"device": "cuda"}}, "")
+        result = dry_run_job(config, 20_000, world_size=2, steps=4)
+        found += [f"{name}: {text}" for text in result.stopped.values()]
+        found += [f"{name}: {sync}" for sync in result.step_syncs()]
+    return CheckResult("host syncs per step", PASS if not found else FAIL, f"{len(found)} syncs (fake CUDA)",
+                       found[0] if found else "no GPU: the dry run's count on fake CUDA devices; instance with "
+                       "smoothing and CO2, PIC with its host store")

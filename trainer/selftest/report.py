@@ -15,6 +15,7 @@ class CheckResult:
     status: str
     figure: str = ""
     detail: str = ""
+    at: float = 0.0  # time.time() when it ended: which rank failed first
 
 
 def format_table(results: list[CheckResult]) -> str:

@@ -3,6 +3,9 @@
 On a GPU node the checks run on the GPUs (NCCL across all visible ones, nvJPEG, Triton, bf16
 ZeRO-2); on a CPU-only machine the same code runs its CPU subset (gloo on two ranks, DALI's CPU
 decoder, inductor's C++) and the GPU-only rows say they were skipped.  CI runs the CPU subset.
+A node with NVIDIA devices whose CUDA cannot start is a failure, not a CPU machine.  The local
+checks run on the *last* visible GPU, never the current device 0: code that forgets its device,
+or touches GPU 0's context, fails there.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Callable
 import torch
 
 from trainer.selftest import distributed_checks, local_checks
-from trainer.selftest.report import FAIL, CheckResult
+from trainer.selftest.report import FAIL, PASS, SKIPPED, CheckResult
 
 
 def _guarded(name: str, check: Callable[[], CheckResult]) -> CheckResult:
@@ -25,18 +28,51 @@ def _guarded(name: str, check: Callable[[], CheckResult]) -> CheckResult:
         return CheckResult(name, FAIL, "", f"{type(error).__name__}: {error}")
 
 
-def _distributed(ranks: int) -> list[CheckResult]:
+def merge_ranks(by_rank: dict[int, list[CheckResult]], names: list[str]) -> list[CheckResult]:
+    """One row per check over every rank: failed if it failed on any rank (named), skipped if every
+    rank skipped it, not run where some rank stopped before it (an earlier check failed)."""
+    merged = []
+    for index, name in enumerate(names):
+        rows = {rank: results[index] for rank, results in by_rank.items() if index < len(results)}
+        missing = sorted(set(by_rank) - set(rows))
+        failed = {rank: row for rank, row in rows.items() if row.status == FAIL}
+        if failed:  # the first to fail: the others may only have lost it in a collective
+            rank, row = min(failed.items(), key=lambda item: (item[1].at, item[0]))
+            merged.append(CheckResult(name, FAIL, row.figure, f"rank {rank} of {len(by_rank)}: {row.detail}"))
+        elif missing:
+            merged.append(CheckResult(name, FAIL, "", f"not run on ranks {missing}: an earlier check failed there"))
+        elif all(row.status == SKIPPED for row in rows.values()):
+            merged.append(rows[min(rows)])
+        else:
+            first = rows[min(rows)]
+            merged.append(CheckResult(name, PASS, first.figure, first.detail))
+    return merged
+
+
+def run_distributed(ranks: int, checks=None) -> list[CheckResult]:
+    """The distributed checks on ``ranks`` spawned ranks, merged over the ranks."""
     from trainer.parallel.launch import spawn_local_workers
 
+    checks = checks or distributed_checks.DISTRIBUTED_CHECKS
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "results.json"
-        spawn_local_workers(distributed_checks.worker, ranks, str(path))
-        return [CheckResult(**row) for row in json.loads(path.read_text())]
+        spawn_local_workers(distributed_checks.worker, ranks, folder, checks)
+        by_rank = {}
+        for rank in range(ranks):
+            path = Path(folder, f"rank-{rank}.json")
+            by_rank[rank] = [CheckResult(**row) for row in json.loads(path.read_text())] if path.exists() else []
+    return merge_ranks(by_rank, [distributed_checks.check_name(check) for check in checks])
+
+
+def local_device() -> torch.device:
+    """The last visible GPU (see the module docstring), or the CPU."""
+    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        return torch.device("cuda", torch.cuda.device_count() - 1)
+    return torch.device("cpu")
 
 
 def run_selftest(progress: Callable[[str], None] = print) -> list[CheckResult]:
     """Every check, in order; ``progress`` hears each row as it is done."""
-    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    device = local_device()
     ranks = torch.cuda.device_count() if device.type == "cuda" else 2
     checks = [
         ("devices", local_checks.devices),
@@ -49,7 +85,7 @@ def run_selftest(progress: Callable[[str], None] = print) -> list[CheckResult]:
     for name, check in checks:
         results.append(_guarded(name, check))
         progress(f"{name}: {results[-1].status}")
-    distributed = _guarded("distributed checks", lambda: _distributed(ranks))
+    distributed = _guarded("distributed checks", lambda: run_distributed(ranks))
     for row in distributed if isinstance(distributed, list) else [distributed]:
         results.append(row)
         progress(f"{row.name}: {row.status}")
