@@ -14,11 +14,11 @@ from trainer.bench.fake_device_sweep import (
 )
 from trainer.bench.planner import GIB
 
-SWEEP = FakeSweep(ranks=4, batch=256, dim=16, chunk_size=4096, start_classes=20_000, growth=2.0, resolution=0.05)
+SWEEP = FakeSweep(ranks=4, batch=64, dim=16, chunk_size=16384, growth=1.5, resolution=0.1)
 
 
 def test_the_boundary_fits_and_a_little_more_does_not_and_dhp_fits_more_than_ddp():
-    cap = _rest_of_the_rank(_job(SWEEP, "ddp"), SWEEP) + 48 * 2**20  # the backbone's share plus 48 MiB
+    cap = _rest_of_the_rank(_job(SWEEP, "ddp"), SWEEP) + 32 * 2**20  # the backbone's share plus 32 MiB
     found = {}
     for mode in ("ddp", "dhp"):
         config = _job(SWEEP, mode)

@@ -6,8 +6,9 @@ Here the classifier's step is *executed* at each N as rank 0 of 64 (the largest 
 run (``trainer.dry_run``): W, its gradient and momentum, the chunk workspace, the all-gathered
 features, DDP's N x D all-reduce.  The ResNet-50 under ZeRO, DALI and the runtime are counted by
 the planner's formula (DeepSpeed's engine needs a real device) and added to each point.  N grows
-geometrically until the total passes the cap, then the boundary is bisected.  The planner's own
-answer (``instcls plan``) and the paper's are printed beside it.
+from the planner's answer: the search brackets the boundary around it (widening by ``growth`` until
+one side fits and the other does not) and bisects.  The planner's own answer (``instcls plan``)
+and the paper's are printed beside it.
 """
 
 from __future__ import annotations
@@ -27,8 +28,7 @@ class FakeSweep:
     dim: int = 128
     chunk_size: int = 65536
     deepspeed_config: str = "zero2_bf16"
-    start_classes: int = 1_000_000
-    growth: float = 1.5
+    growth: float = 1.25  # how far apart the first bracket around the planner's answer is, and how it widens
     resolution: float = 0.02  # bisect until the boundary is known within 2%
 
 
@@ -59,7 +59,8 @@ def _rest_of_the_rank(config: JobConfig, sweep: FakeSweep) -> int:
 
 
 def executed_peak(config: JobConfig, sweep: FakeSweep, num_classes: int) -> int:
-    """Rank 0's peak device bytes over two executed classifier steps at ``num_classes``."""
+    """Rank 0's peak device bytes over two executed classifier steps at ``num_classes`` (the second
+    is the steady state: its backward runs with the momentum buffers the first update created)."""
     from trainer.dry_run.rank_step import run_rank
 
     report = run_rank(config, num_classes, sweep.ranks, rank=0, steps=2)
@@ -79,7 +80,12 @@ def largest_fitting(mode: str, cap_bytes: int, sweep: FakeSweep, progress=None) 
             progress(f"{mode} N={n:,}: {total / GIB:.2f} GiB of {cap_bytes / GIB:g}")
         return total <= cap_bytes
 
-    low, high = 0, sweep.start_classes
+    guess = max(planned_largest(mode, cap_bytes, sweep), sweep.ranks)
+    low, high = int(guess / sweep.growth), int(guess * sweep.growth)
+    while not fits(low):  # widen downwards until something fits (nothing below one class per rank)
+        low, high = low // 2, low
+        if low < sweep.ranks:
+            return 0
     while fits(high):
         low, high = high, int(high * sweep.growth)
     while high - low > max(sweep.ranks, low * sweep.resolution):
