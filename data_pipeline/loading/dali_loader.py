@@ -16,12 +16,20 @@ has look-ahead batches queued inside DALI, and resetting such a pipeline is not 
 (NVIDIA/DALI#4023), so the next pass builds a new one.  DALI returns batches in the order it asked
 for them, so the step metadata waits in a FIFO.  The iterator reuses its output buffers, so
 everything handed out is copied first.
+
+DALI calls a (non-parallel) source on the thread that asks for batches: the training thread,
+inside ``next()``.  So the source reads ahead: the files and parameters of the next
+``READ_AHEAD`` steps are read by a background thread while the GPU trains, and a call only picks up
+a finished read.  DALI's own parallel source (worker processes) would need a stateless, picklable
+callback, and this one is pointed at a new ``(epoch, steps)`` each pass.
 """
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 from nvidia.dali import Pipeline, fn, pipeline_def, types
@@ -39,22 +47,40 @@ _VIEW_TYPES = [types.FLOAT, types.FLOAT, types.FLOAT, types.BOOL, types.FLOAT, t
 _VIEW_NDIMS = [1, 1, 2, 0, 0, 0, 0]
 
 
+READ_AHEAD = 3  # steps read before DALI asks for them (its own prefetch queue is 2 batches deep)
+
+
 class _StepSource:
-    """DALI's batch source: iteration i -> the encoded images and view parameters of ``steps[i]``."""
+    """DALI's batch source: iteration i -> the encoded images and view parameters of ``steps[i]``,
+    read ahead by a background thread (see the module docstring)."""
 
     def __init__(self, reader: StepReader) -> None:
         self.reader = reader
+        self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (owning pid: threads do not survive a fork)
+        self._reads: dict[int, Future] = {}
         self.start(epoch=0, steps=range(0))
 
     def start(self, epoch: int, steps: range) -> None:
         """The next pass: called before DALI asks for its first iteration (build or reset)."""
+        for read in self._reads.values():  # the last pass's reads ahead: not needed any more
+            read.cancel()
         self.epoch, self.steps = epoch, steps
         self.pending: deque[StepSamples] = deque()  # steps handed to DALI, not yet out of it
+        self._reads = {}  # iteration -> its read, submitted ahead
+
+    def _read_ahead(self, first: int) -> None:
+        if self._pool is None or self._pool[0] != os.getpid():
+            self._pool = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="dali-read-ahead"))
+        for iteration in range(first, min(first + READ_AHEAD, len(self.steps))):
+            if iteration not in self._reads:
+                self._reads[iteration] = self._pool[1].submit(self.reader.read, self.epoch, self.steps[iteration])
 
     def __call__(self, iteration: int) -> list:
         if iteration >= len(self.steps):
             raise StopIteration
-        inputs = self.reader.read(self.epoch, self.steps[iteration])
+        self._read_ahead(iteration)
+        inputs = self._reads.pop(iteration).result()  # a bad sample's error is raised here, as before
+        self._read_ahead(iteration + 1)
         self.pending.append(inputs.samples)
         outputs = [inputs.jpegs]
         for view in inputs.views:
