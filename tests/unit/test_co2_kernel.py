@@ -351,3 +351,22 @@ def test_a_failed_compile_on_an_accelerator_is_an_error_unless_the_fallback_is_a
     with caplog.at_level("WARNING", logger=fusion.__name__):
         assert torch.equal(doubled(torch.ones(3)), torch.full((3,), 2.0))
     assert doubled.fell_back and "eagerly" in caplog.text
+
+
+def test_the_fused_function_is_traced_on_fake_copies_never_run_on_the_real_chunk(monkeypatch):
+    """Issue 39 row 2: a "real" make_fx trace ran the eager function on the chunk itself (its ~25
+    chunk-sized temporaries at once: 12 GiB transient at ImageNet-21K's chunk shape)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from trainer.classifier.terms import inductor_fusion
+
+    seen = []
+
+    def record(x):
+        seen.append(isinstance(x, FakeTensor))
+        return x * 2
+
+    monkeypatch.setattr(torch._inductor, "compile", lambda graph, example: graph)  # the trace is what is tested
+    kernel = inductor_fusion.compile_for(record, (torch.ones(4, 3),))
+    assert seen == [True]  # traced once, on a fake copy
+    assert torch.equal(kernel(torch.ones(4, 3)), torch.full((4, 3), 2.0))
