@@ -39,7 +39,10 @@ def _one_step(stage: int, result_file: str) -> None:
         Path(result_file).write_text(repr(master))
 
 
-@pytest.mark.parametrize("stage", [pytest.param(0, marks=pytest.mark.slow), 1, 2, pytest.param(3, marks=pytest.mark.slow)])
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("stage", [pytest.param(0, marks=SLOW), 1, 2, pytest.param(3, marks=SLOW)])
 def test_gradients_are_averaged_in_fp32(stage, tmp_path):
     result = tmp_path / "master.txt"
     spawn_local_workers(_one_step, 2, stage, str(result))
