@@ -110,7 +110,8 @@ class _StepInputs:
         next_plan = self.sampler.step(*self._at(epoch, step + 1))
         rank, device = self.dims.rank, self.dims.device
         views = [View(torch.randn(plan.ids.shape[1], self.feature_dim, device=device, dtype=self.dtype,
-                                  requires_grad=True), kind, index) for index, kind in enumerate(self.layout.kinds)]
+                                  requires_grad=True), kind, position)
+                 for position, kind in enumerate(self.layout.kinds)]
         return StepViews(views=views, instance_ids=to_device(plan.ids[rank], device),
                          valid=to_device(plan.valid[rank], device), global_valid=plan.global_valid, epoch=epoch,
                          step=epoch * self.sampler.steps_per_epoch + step, plan=plan, next_plan=next_plan)
