@@ -43,7 +43,11 @@ def _run_dry_run(args: argparse.Namespace) -> int:
     config = load_job_config(args.config, args.overrides)
     if args.ranks < 1 or args.steps < 1:
         raise ValueError("--ranks and --steps must be >= 1")
-    result = dry_run_job(config, num_instances_of(config, args.num_instances), args.ranks, args.rank, args.compare,
-                         args.steps, args.epoch, progress=lambda line: print(line, flush=True))
+    try:
+        num_instances = num_instances_of(config, args.num_instances)
+    except ValueError as error:  # its text names `instcls plan`'s flag
+        raise ValueError(str(error).replace("--num-classes", "--num-instances")) from None
+    result = dry_run_job(config, num_instances, args.ranks, args.rank, args.compare, args.steps, args.epoch,
+                         progress=lambda line: print(line, flush=True))
     print(format_result(result, config, str(args.config)))
     return 0 if result.clean else 1
