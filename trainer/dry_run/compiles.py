@@ -57,8 +57,8 @@ class CompileRecorder:
         original = inductor_fusion.compile_for
 
         def traced_only(fn, args):
-            shapes = ", ".join("x".join(map(str, a.shape)) for a in args if isinstance(a, torch.Tensor))
-            self.compilations.append(Compilation(fn.__qualname__, shapes, caller((inductor_fusion.__file__,))))
+            self.compilations.append(Compilation(fn.__qualname__, inductor_fusion._shapes(args),
+                                                 caller((inductor_fusion.__file__,))))
             with _disable_current_modes():
                 return _outputs_only(original(fn, args))
 

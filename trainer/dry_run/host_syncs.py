@@ -54,12 +54,18 @@ class HostSync:
         return f"{self.kind}: {self.op} at {self.where}{' (in a worker thread)' if self.background else ''}"
 
 
-def caller(also_skip: tuple[str, ...] = ()) -> str:
-    """``path:line in function`` of the innermost frame outside torch, the dry run itself and ``also_skip``."""
-    for frame in reversed(traceback.extract_stack()[:-1]):
+def innermost_project_frame(frames, also_skip: tuple[str, ...] = ()) -> str:
+    """``path:line in function`` of the innermost of ``frames`` outside torch, the dry run itself and
+    ``also_skip`` ("?" if none)."""
+    for frame in reversed(frames):
         if not frame.filename.startswith((_TORCH_ROOT, _DRY_RUN_PACKAGE, *also_skip)):
             return where(frame.filename, frame.lineno, frame.name)
     return "?"
+
+
+def caller(also_skip: tuple[str, ...] = ()) -> str:
+    """Where the code that is running now was asked for (see ``innermost_project_frame``)."""
+    return innermost_project_frame(traceback.extract_stack()[:-1], also_skip)
 
 
 def _is_cuda(value) -> bool:

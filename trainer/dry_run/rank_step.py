@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -31,12 +30,11 @@ from trainer.dry_run.collectives import Collective, CollectiveRecorder
 from trainer.dry_run.compiles import Compilation, CompileRecorder
 from trainer.dry_run.fake_cuda import fake_cuda_runtime
 from trainer.dry_run.host_memory import RealHostMemory
-from trainer.dry_run.host_syncs import HostSync, HostSyncRecorder, where
+from trainer.dry_run.host_syncs import HostSync, HostSyncRecorder, innermost_project_frame
 from trainer.objectives import ObjectiveContext, OptimSettings, StepViews, View, build_objective
 from trainer.parallel.dims import ParallelDims, build_classifier_groups
 
 GPUS_PER_NODE = 8
-_NOT_THE_PROJECT = (str(Path(torch.__file__).parent), str(Path(__file__).parent))  # torch, the dry run
 
 
 @dataclass
@@ -79,8 +77,8 @@ def _fake_dims(config: JobConfig, world_size: int, rank: int) -> ParallelDims:
 
 def _stopped_by(error: BaseException) -> str:
     """The error and the innermost line of the project's code it came from."""
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith(_NOT_THE_PROJECT)]
-    at = f" at {where(frames[-1].filename, frames[-1].lineno, frames[-1].name)}" if frames else ""
+    found = innermost_project_frame(traceback.extract_tb(error.__traceback__))
+    at = f" at {found}" if found != "?" else ""
     return f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}{at}"
 
 
