@@ -2,9 +2,17 @@
 
 A drill sets ``INSTCLS_FAILPOINT=NAME[,rank=R][,step=S]`` on a real job; the rank (any rank when
 unset) that reaches ``fail_point(NAME, step)`` at that step (any step when unset) kills itself
-there, without cleanup, on the job's first attempt only: torchrun's elastic restarts count up
-``TORCHELASTIC_RESTART_COUNT``, so the restarted job runs past the point and shows whether the
-run recovers.  Unset (every real job), a fail point is one comparison.
+there, without cleanup, once per job, so that the restarted job runs past the point and shows
+whether the run recovers.  "Once" is kept in one of two ways:
+
+* ``INSTCLS_FAILPOINT_ONCE=PATH`` (the multi-node drills): the rank that fires creates PATH, a file
+  on storage every node sees, and no attempt that finds it fires again: not a node whose agent
+  restarted its workers because another node left (torchrun does not count that as a restart),
+  and not a replacement pod, whose restart count starts at 0 again;
+* without it, the first attempt of one agent: torchrun's restarts count up
+  ``TORCHELASTIC_RESTART_COUNT`` on a single node.
+
+Unset (every real job), a fail point is one comparison.
 
 Points: ``train.after_backward`` (gradients exist, nothing stepped), and in a checkpoint save
 ``checkpoint.before_engine`` (in the snapshot, on the training thread, before any file), then in
@@ -27,6 +35,7 @@ import time
 from typing import Callable
 
 ENV = "INSTCLS_FAILPOINT"
+ONCE_ENV = "INSTCLS_FAILPOINT_ONCE"
 POINTS = (
     "train.after_backward",
     "checkpoint.before_engine",
@@ -55,12 +64,27 @@ def parse(spec: str) -> tuple[str, int | None, int | None]:
 
 def _armed() -> tuple[str, int | None, int | None] | None:
     spec = os.environ.get(ENV)
-    if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+    if not spec or (not os.environ.get(ONCE_ENV) and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"):
         return None
     return parse(spec)
 
 
 _ARMED = _armed()
+_CLAIMED: list[tuple[str, int | None]] = []  # (point, step) this process fired under INSTCLS_FAILPOINT_ONCE
+
+
+def _claim_once(name: str, step: int | None) -> bool:
+    """Under ``INSTCLS_FAILPOINT_ONCE``: True for the one process that creates the marker first (and
+    again for the same point and step in that process); without it, always True."""
+    marker = os.environ.get(ONCE_ENV)
+    if not marker or (name, step) in _CLAIMED:
+        return True
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))  # atomic on a shared filesystem too
+    except FileExistsError:
+        return False
+    _CLAIMED.append((name, step))
+    return True
 
 
 def armed(name: str, step: int | None = None) -> bool:
@@ -71,7 +95,7 @@ def armed(name: str, step: int | None = None) -> bool:
     _, rank, at_step = _ARMED
     if rank is not None and rank != int(os.environ.get("RANK", "0")):
         return False
-    return at_step is None or at_step == step
+    return (at_step is None or at_step == step) and _claim_once(name, step)
 
 
 def fail_point(name: str, step: int | None = None) -> None:

@@ -58,3 +58,15 @@ def test_the_wait_point_holds_the_armed_rank_until_it_is_released(monkeypatch):
     started = time.monotonic()
     failpoints.wait_point("train.wait_for_sigterm", 2, lambda: False, limit_s=0.2)  # a signal that never comes
     assert 0.2 <= time.monotonic() - started < 5
+
+
+def test_with_a_once_marker_the_point_fires_for_the_first_process_only_whatever_its_restart_count(tmp_path):
+    """A replacement pod starts at restart count 0 and a node restarted for a membership change does
+    not count up: with INSTCLS_FAILPOINT_ONCE the marker on shared storage decides instead."""
+    marker = tmp_path / "fired"
+    armed = {ENV: "train.after_backward,rank=1,step=3", "RANK": "1", "INSTCLS_FAILPOINT_ONCE": str(marker)}
+    assert _probe(**armed, TORCHELASTIC_RESTART_COUNT="2").returncode == -signal.SIGKILL  # fires on any attempt...
+    assert marker.exists()
+    for count in ("0", "3"):  # ...but only once per job
+        result = _probe(**armed, TORCHELASTIC_RESTART_COUNT=count)
+        assert result.returncode == 0 and "survived" in result.stdout, result.stderr

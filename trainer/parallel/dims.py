@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -97,15 +98,28 @@ def _check_classifier_size(classifier_parallel_size: int, world_size: int) -> No
         )
 
 
+SHARED_STORE_WARNING = (
+    "instcls: this multi-node job shares torchrun's agent store across restarts (TORCHELASTIC_USE_AGENT_STORE=True): "
+    "torchrun counts a restart only on the node whose workers failed, so after a lost node the nodes may wait under "
+    "different keys until init's timeout. Launch with `instcls launch --rdzv-backend c10d` (it sets "
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: a fresh store per rendezvous round), or set that variable for torchrun.")
+
+
 def _store_of_this_attempt(world_size: int, timeout: datetime.timedelta) -> dist.Store | None:
     """The agent's store, its keys prefixed by the elastic restart count (None: the default env:// init).
 
-    torchrun's static rendezvous keeps one store across ``--max-restarts`` restarts, and env://
+    A fresh store per attempt is the safe case and needs nothing here: a dynamic rendezvous with
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (``instcls launch`` sets it) has rank 0 host a new
+    store on a new port each round.  Otherwise torchrun keeps one store across restarts, and env://
     init adds no per-attempt prefix, so a restarted job would read the killed attempt's gloo/NCCL
-    addresses and fail to connect ("Connection refused").  A fresh prefix per attempt avoids it.
+    addresses and fail to connect ("Connection refused").  On one node the restart count is a prefix
+    every rank agrees on; across nodes it is not (a node restarted because another node left does
+    not count up, a replacement pod starts at 0), hence the warning.
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
+    if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1 and os.environ.get("RANK") == "0":
+        print(SHARED_STORE_WARNING, file=sys.stderr, flush=True)
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
                           timeout=timeout)
     return dist.PrefixStore(f"instcls/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)

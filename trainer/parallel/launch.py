@@ -9,6 +9,10 @@ into ``INSTCLS_EXIT_CODE_DIR`` (``run_reporting_exit_code``) and the launcher re
 torchrun is done.
 torchrun's stderr passes through unchanged; when the job fails because its port was taken or the
 rendezvous never completed, one last line says what to change (torchrun's own text is a traceback).
+With a dynamic rendezvous (``--rdzv-backend c10d``, the multi-node setting) each rendezvous round
+gets a store of its own (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``): by default torchrun shares one
+store across rounds, and workers of a new round can neither tell their keys from a killed round's
+nor agree on a per-round prefix (``_store_of_this_attempt`` in ``trainer.parallel.dims``).
 torchrun SIGKILLs its workers 30 s after forwarding SIGTERM unless told otherwise, far less than a
 checkpoint save of a large job; so the pod's grace period (``INSTCLS_GRACE_PERIOD_S``, set next to
 ``terminationGracePeriodSeconds`` in the manifests) becomes torchrun's ``--shutdown-timeout``.
@@ -90,10 +94,21 @@ def torchrun_command(torchrun_args: list[str], environ: dict[str, str] | None = 
     return command + list(torchrun_args)
 
 
+FRESH_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
+def torchrun_environment(reports: Path, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """torchrun's environment: where ranks report their exit codes, and a fresh store per rendezvous
+    round (unless the user chose otherwise; static rendezvous ignores it)."""
+    environ = dict(os.environ if environ is None else environ)
+    environ.setdefault(FRESH_STORE_ENV, "1")
+    return dict(environ, **{EXIT_CODE_ENV: str(reports)})
+
+
 def launch(torchrun_args: list[str]) -> int:
     command = torchrun_command(torchrun_args)
     reports = Path(tempfile.mkdtemp(prefix="instcls-exit-codes-"))
-    child = subprocess.Popen(command, env=dict(os.environ, **{EXIT_CODE_ENV: str(reports)}), stderr=subprocess.PIPE)
+    child = subprocess.Popen(command, env=torchrun_environment(reports), stderr=subprocess.PIPE)
     tail = bytearray()
     reader = threading.Thread(target=_pass_through, args=(child.stderr, tail), daemon=True)
     reader.start()
