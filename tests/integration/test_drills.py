@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.drills.catalogue import DRILLS, DrillContext, killed_during_save
+from trainer.drills.catalogue import DRILLS, NODE_DRILLS, DrillContext, killed_during_save
 
 COVERED_ELSEWHERE = {"peer-preempted", "loss-becomes-nan", "nan-step-skipped", "damaged-newest-checkpoint",
                      "checkpoint-with-pickled-code"}
@@ -25,7 +25,7 @@ def context(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.slow] if name in COVERED_ELSEWHERE else [])
-                                  for name in DRILLS])
+                                  for name in DRILLS if name not in NODE_DRILLS])  # test_two_nodes.py
 def test_drill(context, name):
     result = DRILLS[name](context)
     assert result.passed, str(result)

@@ -5,8 +5,8 @@ Every drill returns a ``DrillResult``; ``passed`` is computed from what the job 
 printed, never assumed.  Jobs train the embedded digits for 4 steps with a checkpoint every 2.
 The drills live by what they break: ``crashes`` (kills, a full disk, a damaged checkpoint),
 ``preemption`` (SIGTERM, to the launcher or to one rank), ``nonfinite`` (NaN losses), ``ports``
-(taken ports), ``tampered_files`` (a checkpoint or shard altered on disk); ``context`` holds what
-they share.
+(taken ports), ``tampered_files`` (a checkpoint or shard altered on disk), ``node_faults`` (a whole
+node of a two-node job lost, preempted or never started); ``context`` holds what they share.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from trainer.drills.crashes import (
     rank_killed_mid_step,
     rank_killed_while_saving,
 )
+from trainer.drills.node_faults import node_lost_and_replaced, node_never_arrives, node_preempted, store_host_lost
 from trainer.drills.nonfinite import loss_becomes_nan, nan_step_skipped
 from trainer.drills.ports import metrics_port_taken, rendezvous_port_taken, taken_port
 from trainer.drills.preemption import peer_preempted, preempted_with_sigterm
@@ -32,7 +33,7 @@ from trainer.drills.tampered_files import (
 )
 
 # Also importable from here: the pieces the tests drive on their own.
-__all__ = ["DRILLS", "DrillContext", "DrillResult", "TouchesAFile", "killed_during_save", "taken_port"]
+__all__ = ["DRILLS", "NODE_DRILLS", "DrillContext", "DrillResult", "TouchesAFile", "killed_during_save", "taken_port"]
 
 DRILLS: dict[str, Callable[[DrillContext], DrillResult]] = {
     "rank-killed-mid-step": rank_killed_mid_step,
@@ -48,4 +49,9 @@ DRILLS: dict[str, Callable[[DrillContext], DrillResult]] = {
     "checkpoint-with-pickled-code": checkpoint_with_pickled_code,
     "shard-damaged-mid-run": shard_damaged_mid_run,
     "shard-damaged-skipped": shard_damaged_skipped,
+    "node-lost-and-replaced": node_lost_and_replaced,
+    "node-preempted": node_preempted,
+    "store-host-lost": store_host_lost,
+    "node-never-arrives": node_never_arrives,
 }
+NODE_DRILLS = ("node-lost-and-replaced", "node-preempted", "store-host-lost", "node-never-arrives")  # two agents
