@@ -56,3 +56,14 @@ def test_a_bad_grace_period_names_the_variable_and_the_fix(value):
         ValueError, match=f"{GRACE_ENV}=.* is invalid: set it to the pod's terminationGracePeriodSeconds"
     ):
         torchrun_command(ARGS, {GRACE_ENV: value})
+
+
+def test_each_rendezvous_round_gets_a_fresh_store_unless_the_user_chose(tmp_path):
+    """Across nodes the restart count is no common key prefix (a node restarted for another's loss
+    does not count up), so `instcls launch` has torchrun's c10d rendezvous give every round its own store."""
+    from trainer.exit_codes import EXIT_CODE_ENV
+    from trainer.parallel.launch import FRESH_STORE_ENV, torchrun_environment
+
+    environment = torchrun_environment(tmp_path, {"PATH": "/bin"})
+    assert environment[FRESH_STORE_ENV] == "1" and environment[EXIT_CODE_ENV] == str(tmp_path)
+    assert torchrun_environment(tmp_path, {FRESH_STORE_ENV: "0"})[FRESH_STORE_ENV] == "0"

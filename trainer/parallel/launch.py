@@ -53,7 +53,9 @@ _LAUNCH_ADVICE = (
      "not every node joined the rendezvous in time: check that --nnodes matches the pods started, that each pod "
      "reaches --rdzv-endpoint (the headless service's DNS name and port), or raise --rdzv-conf join_timeout=SECONDS"),
     (("RendezvousConnectionError",),
-     "the rendezvous endpoint could not be reached: check --rdzv-endpoint / --master-addr and that its port is open"),
+     "the rendezvous endpoint could not be reached: check --rdzv-endpoint / --master-addr and that its port is open; "
+     "if the job was running, the node hosting the rendezvous store (node 0) was lost: this node rejoins when it "
+     "is restarted after node 0's replacement is up"),
 )
 
 
