@@ -14,8 +14,10 @@ if os.environ.get("INSTCLS_TEST_GPU") != "1":
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # two ranks on one visible GPU would share it and NCCL refuses
 for name in [name for name in os.environ if name.startswith("TORCHELASTIC_")] + [
         "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-        "INSTCLS_FAILPOINT", "INSTCLS_EXIT_CODE_DIR", "ATEN_CPU_CAPABILITY"]:
-    # torchrun's (an in-process test would join a group), our fail point, and a pinned vector ISA
+        "INSTCLS_FAILPOINT", "INSTCLS_FAILPOINT_ONCE", "INSTCLS_EXIT_CODE_DIR", "ATEN_CPU_CAPABILITY",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"]:
+    # torchrun's (an in-process test would join a group), our fail point, a pinned vector ISA, and a
+    # shell's choice of rendezvous store (`instcls launch` sets its own)
     os.environ.pop(name, None)
 # Tests name shipped files relative to the repository (configs/..., ds_configs/...), wherever pytest
 # was started from.

@@ -77,8 +77,9 @@ def node_lost_and_replaced(context: DrillContext) -> DrillResult:
     resumed = _resumed_from(job, 2)
     return DrillResult(
         "node-lost-and-replaced", "node 1's agent and worker SIGKILLed in step 3, a replacement pod started for it",
-        f"exits (node 0, replacement) {codes}; node 0's agent restarted its rank, the replacement joined; "
-        + ("resumed step 2" if resumed else "no resume from step 2 logged") + "; "
+        f"exits (node 0, replacement) {codes}; "
+        + ("node 0's agent restarted its rank, the replacement joined, the job resumed step 2" if resumed
+           else "no resume from step 2 logged") + "; "
         + (accounting or f"each of the {counted} ids of steps 1-4 consumed once, as uninterrupted"),
         difference or accounting or NO_LOSS, _recovery(job, fault) if fault else None,
         fault is not None and codes == [0, 0] and resumed and difference is None and accounting is None)
