@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import functools
 import importlib.util
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,6 +18,14 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
 OVERLAYS = sorted(path.parent.name for path in (K8S / "overlays").glob("*/kustomization.yaml"))
+
+
+def dashboard_queries() -> tuple[dict, list[str]]:
+    """The Grafana dashboard and every PromQL expression in it (panels' targets, then variables)."""
+    dashboard = json.loads((K8S / "grafana/instcls-dashboard.json").read_text())
+    queries = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    queries += [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    return dashboard, queries
 
 
 def load_renderer():

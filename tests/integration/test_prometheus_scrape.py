@@ -1,4 +1,5 @@
-"""A real Prometheus server scrapes a 2-rank CPU training run and answers queries about it.
+"""A real Prometheus server scrapes a 2-rank CPU training run and answers every query of the Grafana
+dashboard with data.
 
 Needs Debian's `prometheus` binary; `make test` installs it (apt) when it is missing.
 """
@@ -15,6 +16,7 @@ import urllib.request
 
 import pytest
 
+from tests.helpers.k8s_manifests import dashboard_queries
 from tests.helpers.training import FAST, REPO, train_command
 from trainer.parallel.launch import free_port
 
@@ -51,27 +53,35 @@ def test_prometheus_scrapes_both_ranks_of_a_training_run(digits_split, tmp_path,
     server = subprocess.Popen([prometheus_binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                                f"--web.listen-address=127.0.0.1:{prometheus_port}"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # an evaluation every epoch, so that the kNN panel has data too
     command = train_command(tmp_path / "run", digits_split, 2,
-                            FAST + ["optim.epochs=50", "logging.log_every=1", f"logging.metrics_port={metrics_port}"],
+                            FAST + ["optim.epochs=50", "logging.log_every=1", f"logging.metrics_port={metrics_port}",
+                                    "eval.every_epochs=1"],
                             launcher=[sys.executable, "-m", "trainer.cli", "launch"])
     training = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env=dict(os.environ, OMP_NUM_THREADS="1"))
+    # every panel's expression, as Grafana sends it with "All" jobs selected
+    _, queries = dashboard_queries()
+    panels = [q.replace('=~"$job"', '=~".+"') for q in queries if not q.startswith("label_values")]
     try:
-        deadline, samples, loss = time.time() + 240, [], []
+        deadline, answers = time.time() + 300, {}
         while time.time() < deadline:
             time.sleep(2)
             try:
-                samples = query(prometheus_port, "instcls_samples_processed_total > 0")
-                loss = query(prometheus_port, "instcls_loss")
+                answers = {promql: query(prometheus_port, promql) for promql in panels}
             except OSError:
                 continue  # Prometheus still starting
-            if len({s["metric"]["rank"] for s in samples}) == 2 and loss:
+            samples = answers[panels[0]] and query(prometheus_port, "instcls_samples_processed_total > 0")
+            if all(answers.values()) and samples and len({s["metric"]["rank"] for s in samples}) == 2:
                 break
+        assert not [promql for promql, series in answers.items() if not series], answers
+        samples = query(prometheus_port, "instcls_samples_processed_total > 0")
         assert sorted(s["metric"]["rank"] for s in samples) == ["0", "1"], samples
-        assert all(float(s["value"][1]) > 0 for s in samples)
         quantile = query(prometheus_port, "histogram_quantile(0.5, sum by (le) "
                                           "(rate(instcls_step_duration_seconds_bucket[1m])))")
         assert quantile and float(quantile[0]["value"][1]) > 0, quantile
+        phases = {s["metric"]["phase"] for s in query(prometheus_port, "instcls_step_phase_seconds_total > 0")}
+        assert {"forward", "objective", "backward", "optimizer"} <= phases, phases
     finally:
         training.send_signal(signal.SIGTERM)
         training.wait(timeout=120)

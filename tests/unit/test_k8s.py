@@ -17,6 +17,7 @@ from tests.helpers.k8s_manifests import (
     OVERLAYS,
     ROOT,
     all_documents,
+    dashboard_queries,
     is_training_job,
     pod_templates,
     rendered,
@@ -91,13 +92,6 @@ def test_configmaps_embed_the_repository_files_unchanged():
     assert data["job.yaml"] == (ROOT / "configs/in1k_r50_64gpu.yaml").read_text()
 
 
-def dashboard_queries():
-    dashboard = json.loads((K8S / "grafana/instcls-dashboard.json").read_text())
-    queries = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
-    queries += [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
-    return dashboard, queries
-
-
 def test_dashboard_queries_only_exported_metrics_and_covers_the_brief():
     dashboard, queries = dashboard_queries()
     used = set()
@@ -107,7 +101,7 @@ def test_dashboard_queries_only_exported_metrics_and_covers_the_brief():
     assert used and used <= set(METRIC_NAMES), used - set(METRIC_NAMES)
     titles = " ".join(panel["title"].lower() for panel in dashboard["panels"])
     for topic in ("images/s", "p50", "p95", "data-loader wait", "loss", "learning rate", "memory per rank",
-                  "communication", "epoch progress", "eta", "knn accuracy"):
+                  "communication", "epoch progress", "eta", "knn accuracy", "step time by phase"):
         assert topic in titles, topic
 
 

@@ -17,6 +17,7 @@
     instcls bench pic [--sizes 1281167,14197087,max --store disk --store-dir DIR --cap-gib 16 ...]
     instcls bench scale [--num-samples 14197087 --ranks 64 ...]   (one epoch's bookkeeping, no images)
     instcls bench ingest [--images 2000 --workers 1,2 ...]   (make-shards images/s per core)
+    instcls bench step --config FILE [--ranks 2 --steps 20 --shards DIR --loader-only]   (the whole step by phase)
     instcls plan --num-classes N --ranks T --batch B [--backbone resnet50 --gpu-memory-gib 32 ...]
     instcls dry-run --config FILE --ranks T [--rank R --num-instances N]   (the step on fake CUDA devices)
 """

@@ -24,6 +24,7 @@ def register(commands) -> None:
     _add_scale(benchmarks)
     _add_ingest(benchmarks)
     _add_checkpoint(benchmarks)
+    _add_step(benchmarks)
 
 
 def _add_bench(benchmarks, name: str, settings_class: type, handler, help: str, description: str | None = None,
@@ -205,6 +206,27 @@ def _run_checkpoint(args: argparse.Namespace) -> int:
     from trainer.bench.checkpoint_bench import CheckpointBenchSettings, format_report, run
 
     summary = run(settings_from_args(CheckpointBenchSettings, args), progress=lambda line: print(line, flush=True))
+    return _report(args, format_report(summary), summary)
+
+
+def _add_step(benchmarks) -> None:
+    from trainer.bench.step_bench import StepBenchSettings
+
+    parser = _add_bench(
+        benchmarks, "step", StepBenchSettings, _run_step,
+        help="the whole training step of a job config: images/s per rank and where the step's time goes",
+        description="Runs the real trainer of --config on --ranks local processes (GPUs when there are, CPU ranks "
+        "otherwise) on synthetic shards or --shards, after measuring its loader alone; prints per rank images/s, "
+        "the seconds per step of each phase (data wait, forward, objective, backward, optimizer, checkpoint), the "
+        "loader's headroom and, on GPUs, host syncs per step.")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="override a value of the job config (repeatable)")
+
+
+def _run_step(args: argparse.Namespace) -> int:
+    from trainer.bench.step_bench import StepBenchSettings, format_report, run
+
+    summary = run(settings_from_args(StepBenchSettings, args), args.overrides)
     return _report(args, format_report(summary), summary)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from typing import Callable
 
 import torch
 from tqdm import tqdm
@@ -24,7 +25,14 @@ class RunRecord:
         # evaluations); a resumed run counts from its restart.
         self.images_this_run, self.train_seconds = 0, 0.0
         self._window_start, self._window_images, self._window_wait = time.perf_counter(), 0, 0.0
+        self._window_phases: dict[str, float] = {}
+        self._window_phase_steps = 0
         self.progress: ProgressLines | None = None
+        # Set to lists by `instcls bench step`: every step's host times, and its phases once the
+        # device has passed them (host-side records only: keeping them costs the step nothing).
+        self.step_history: list[dict[str, float]] | None = None
+        self.phase_history: list[dict[str, float]] | None = None
+        self.host_syncs_so_far: Callable[[], int] | None = None  # the bench's count, read at each step's end
 
     def show_progress(self, logging_section, total_steps: int, max_steps: int | None, steps_per_epoch: int) -> None:
         """Rank 0 with ``logging.progress`` off a terminal: plain lines at log steps (the bar needs a terminal)."""
@@ -65,6 +73,21 @@ class RunRecord:
         self.metrics.epoch_progress.set(epoch_progress)
         self._window_images += images
         self._window_wait += data_wait
+        if self.step_history is not None:
+            entry = dict(images=images, data_wait=data_wait, step=step_seconds)
+            if self.host_syncs_so_far is not None:
+                entry["host_syncs_so_far"] = self.host_syncs_so_far()
+            self.step_history.append(entry)
+
+    def phases_done(self, steps: list[dict[str, float]]) -> None:
+        """Steps the device has finished (``StepPhases.completed``): exported, and summed for the next log line."""
+        for seconds in steps:
+            if self.phase_history is not None:
+                self.phase_history.append(seconds)
+            self.metrics.add_phases(seconds)
+            for phase, value in seconds.items():
+                self._window_phases[phase] = self._window_phases.get(phase, 0.0) + value
+            self._window_phase_steps += 1
 
     def start_window(self) -> None:
         """Throughput is measured from here to the next log step."""
@@ -86,10 +109,13 @@ class RunRecord:
         self.metrics.loss.set(loss_value)
         self.metrics.set_memory(memory)
         images_per_second, data_wait, seconds = window
+        phases = {phase: round(value / self._window_phase_steps, 5) for phase, value in self._window_phases.items()} \
+            if self._window_phase_steps else {}
+        self._window_phases, self._window_phase_steps = {}, 0
         # null, not NaN, for a skipped step's loss: strict JSON readers (jq, log shippers) reject NaN
         self.log.write(event="step", epoch=epoch, step=step, loss=round(loss_value, 5) if math.isfinite(loss_value)
                        else None, lr=lr, images_per_s=round(images_per_second, 2), data_wait_s=round(data_wait, 4),
-                       memory_bytes=memory,
+                       memory_bytes=memory, phase_seconds_per_step=phases,
                        **{f"objective_{name}": round(value, 4) for name, value in objective_metrics.items()})
         if self.progress is not None:
             self.progress.log_step(epoch, step_in_epoch, step, loss_value, images_per_second, data_wait / seconds)

@@ -44,6 +44,7 @@ from trainer.objectives import ObjectiveContext, OptimSettings, StepViews, View,
 from trainer.observability.logs import JsonlLog
 from trainer.observability.metrics import TrainingMetrics
 from trainer.observability.progress import epoch_bar
+from trainer.observability.step_phases import StepPhases
 from trainer.observability.what_runs import what_runs
 from trainer.parallel import ParallelDims
 from trainer.parallel.batch_norm import apply_batch_norm_mode
@@ -72,6 +73,7 @@ class Trainer:
         self.log = JsonlLog(config.logging.dir, dims.rank)
         self.metrics = TrainingMetrics(dims.rank)
         self.record = RunRecord(self.log, self.metrics, dims.rank, dims.device)
+        self.phases = StepPhases(dims.device)  # where each step's time goes, without a device sync
         self._say = self.record.say
         self.record.started(what_runs(dims))
         if config.logging.metrics_port:  # first, so a taken port stops the job before minutes of set-up
@@ -222,6 +224,7 @@ class Trainer:
             if batch.skipped:
                 self.record.skipped(batch.skipped, state.global_step + 1)
             step_start = time.perf_counter()
+            self.phases.begin()
             log_step = (state.global_step + 1) % config.logging.log_every == 0 or state.global_step == 0
             loss, stop_agreed = self._step(batch, validate=log_step)
             state.global_step += 1
@@ -240,7 +243,11 @@ class Trainer:
                                      self.schedule.lr_at(state.global_step - 1), self.objective, window)
             every = config.checkpoint.every_steps
             if every and state.global_step % every == 0:
-                self._save()
+                self.phases.resume()
+                self._save()  # the snapshot; the files are written in the background
+                self.phases.end("checkpoint")
+            self.phases.finish()
+            self.record.phases_done(self.phases.completed())
             if stop_agreed if stop_agreed is not None else self.stop_signal.stop_after_step():
                 self._say(f"SIGTERM: saving at step {state.global_step} and exiting")
                 self._save(wait=True)  # after the save in flight, if any
@@ -267,6 +274,7 @@ class Trainer:
                 outputs = outputs * float("nan")
             for index, output in zip(indices, outputs.chunk(len(indices))):
                 features[index] = output
+        self.phases.end("forward")
         return [View(features=f, kind=kind, index=i) for i, (f, kind) in enumerate(zip(features, self.views.kinds))]
 
     def _step(self, batch, validate: bool) -> tuple[torch.Tensor, bool | None]:
@@ -282,6 +290,7 @@ class Trainer:
                          global_valid=batch.global_valid, epoch=self.state.epoch, step=self.state.global_step,
                          validate=validate, plan=batch.plan, next_plan=batch.next_plan)
         out = self.objective.loss(step)
+        self.phases.end("objective")
         loss = out.loss
         stop_agreed = None
         if self.skip_nonfinite:
@@ -291,6 +300,7 @@ class Trainer:
                 return loss.detach(), stop_agreed
             self.skipper.kept()
         self.engine.backward(loss)
+        self.phases.end("backward")
         fail_point("train.after_backward", self.state.global_step + 1)  # the fault drills' node loss mid-step
         wait_point("train.wait_for_sigterm", self.state.global_step + 1, lambda: self.stop_signal.requested)
         self.engine.step()
@@ -298,6 +308,7 @@ class Trainer:
         for optimizer in optimizers:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+        self.phases.end("optimizer")
         self.nonfinite.observe(loss)
         return (loss if out.reported is None else out.reported).detach(), stop_agreed
 

@@ -21,6 +21,7 @@ METRIC_NAMES = (
     "instcls_samples_processed_total",
     "instcls_step_duration_seconds",
     "instcls_data_wait_seconds_total",
+    "instcls_step_phase_seconds_total",
     "instcls_loss",
     "instcls_learning_rate",
     "instcls_memory_bytes",
@@ -56,6 +57,9 @@ class TrainingMetrics:
             "instcls_step_duration_seconds", "Wall time of one training step.", labels, buckets=STEP_BUCKETS, registry=r
         ).labels(self.rank)
         self.data_wait = counter("instcls_data_wait_seconds_total", "Time the step waited for the data loader.")
+        self.phase_seconds = Counter(
+            "instcls_step_phase_seconds", "Time of the training steps by phase (label phase: forward, objective, "
+            "backward, optimizer, checkpoint), on the device's clock.", labels + ["phase"], registry=r)
         self.bad_samples = counter("instcls_bad_samples_skipped_total",
                                    "Unreadable samples skipped (data.loader.on_bad_sample: skip).")
         self.nonfinite_skipped = counter(
@@ -85,6 +89,10 @@ class TrainingMetrics:
             labels + ["network"],
             registry=r,
         )
+
+    def add_phases(self, seconds: dict[str, float]) -> None:
+        for phase, value in seconds.items():
+            self.phase_seconds.labels(self.rank, phase).inc(value)
 
     def set_memory(self, readings: dict[str, int]) -> None:
         for kind, value in readings.items():

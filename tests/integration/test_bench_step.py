@@ -1,0 +1,27 @@
+"""`instcls bench step`: the real trainer's step on 2 CPU ranks, broken into phases that account
+for the step's time, next to the loader measured alone."""
+
+from pathlib import Path
+
+from trainer.bench.step_bench import PHASE_ORDER, StepBenchSettings, format_report, run
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_step_bench_breaks_the_step_into_phases_that_add_up_to_it():
+    settings = StepBenchSettings(config=REPO / "configs" / "digits_cpu.yaml", ranks=2, steps=4, warmup=2,
+                                 image_size=32)
+    result = run(settings, ["data.loader.batch_size=32", "checkpoint.every_steps=3"])
+    assert [r["rank"] for r in result["ranks"]] == [0, 1]
+    for rank in result["ranks"]:
+        assert rank["steps"] == 4 and rank["images_per_s"] > 0 and rank["loader_images_per_s"] > 0
+        phases = rank["phase_s"]
+        assert set(phases) == set(PHASE_ORDER)
+        assert all(phases[p] > 0 for p in ("forward", "objective", "backward", "optimizer")), phases
+        assert phases["checkpoint"] > 0  # step 5 of 6 saved: one snapshot among the measured steps
+        # on CPU ranks the phases are host time inside the step: together no more than the step
+        inside = sum(phases[p] for p in ("data_wait", "forward", "objective", "backward", "optimizer"))
+        assert 0.5 * rank["step_s_mean"] < inside <= rank["step_s_mean"] * 1.0001, (inside, rank)
+        assert rank["loader_headroom"] == rank["loader_images_per_s"] / rank["images_per_s"]
+    table = format_report(result)
+    assert "data_wait" in table and "headroom" in table and table.count("\n") >= 4
