@@ -11,7 +11,8 @@ REPO = Path(__file__).resolve().parents[2]
 def test_the_step_bench_breaks_the_step_into_phases_that_add_up_to_it():
     settings = StepBenchSettings(config=REPO / "configs" / "digits_cpu.yaml", ranks=2, steps=4, warmup=2,
                                  image_size=32)
-    result = run(settings, ["data.loader.batch_size=32", "checkpoint.every_steps=3"])
+    # channels_last on: the step feeds the network NHWC (its agreement with NCHW: test_backbone_layouts.py)
+    result = run(settings, ["data.loader.batch_size=32", "checkpoint.every_steps=3", "model.channels_last=true"])
     assert [r["rank"] for r in result["ranks"]] == [0, 1]
     for rank in result["ranks"]:
         assert rank["steps"] == 4 and rank["images_per_s"] > 0 and rank["loader_images_per_s"] > 0

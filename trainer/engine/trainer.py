@@ -40,6 +40,7 @@ from trainer.engine.stop_conditions import NonFiniteWatch, StopSignal
 from trainer.engine.training_eval import TrainingEvaluation
 from trainer.failpoints import armed, fail_point, wait_point
 from trainer.models import build_model
+from trainer.models.backbone import model_input
 from trainer.objectives import ObjectiveContext, OptimSettings, StepViews, View, build_objective, objective_parameters
 from trainer.observability.logs import JsonlLog
 from trainer.observability.metrics import TrainingMetrics
@@ -102,6 +103,8 @@ class Trainer:
                                              self._say) if config.data.eval_shards else None
         model = apply_batch_norm_mode(model, config.model.batch_norm, dims.device, dims.world_size,
                                       dims.data_parallel_group)
+        if config.model.compile:
+            model.compile()  # in place: DeepSpeed's engine and the checkpoints see the same module and names
         ds_config = load_deepspeed_config(config.deepspeed_config, loader_config.batch_size)
         self.engine, self.backbone_optimizer = initialize_backbone(
             model, ds_config, peak_lr, config.optim.momentum, config.optim.weight_decay
@@ -169,7 +172,7 @@ class Trainer:
         return self.one_network.statistics()
 
     def _encode(self, images: torch.Tensor) -> torch.Tensor:
-        return self.engine(images.to(self.dtype))
+        return self.engine(model_input(images, self.dtype, self.config.model))
 
     def _inference_batches(self):
         loader = build_loader(self.config.data.train_shards, self.config.data.loader, self.dims.rank,
@@ -269,7 +272,8 @@ class Trainer:
         """Head features of every view; views of one size share a forward pass (multi-crop)."""
         features: list[torch.Tensor | None] = [None] * self.views.num_views
         for indices in self.views.forward_groups():
-            outputs = self.engine(torch.cat([batch.views[i] for i in indices]).to(self.dtype))
+            images = torch.cat([batch.views[i] for i in indices])
+            outputs = self.engine(model_input(images, self.dtype, self.config.model))
             if armed("train.nan_features", self.state.global_step + 1):  # the drills' bad batch
                 outputs = outputs * float("nan")
             for index, output in zip(indices, outputs.chunk(len(indices))):

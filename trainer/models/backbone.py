@@ -30,6 +30,16 @@ class ModelConfig:
         head the paper's Table 2 compares it with).
     head_hidden_dim: width of the MLP head's hidden layer (2048 in the paper).
     feature_dim: output width D of the head, the classifier's input (128 in the paper).
+    channels_last: feed the network NHWC (``torch.channels_last``), the layout cuDNN's tensor-core
+        convolutions run in bf16 (NVIDIA's ResNet-50 trains NHWC).  The batch takes it in the same
+        copy that casts it to the engine's dtype, and every convolution then keeps it (torch picks
+        a convolution's layout from its input).  The weights stay contiguous: DeepSpeed broadcasts
+        and flattens parameters as plain contiguous memory (ZeRO's partitions), so each convolution
+        reads its weight in NHWC order itself, a copy of the weight, far smaller than the activations.
+        Same numbers as NCHW up to the convolution algorithm's rounding (a test checks them on CPU).
+    compile: ``torch.compile`` the network (``nn.Module.compile``: the state dict and checkpoints keep
+        their names).  The first steps pay the compile; inductor's cache (``TORCHINDUCTOR_CACHE_DIR``)
+        keeps it for later pods.  Opt-in.
     batch_norm: how the data-parallel ranks share BatchNorm: "local" (each rank's own batch
         statistics, PIC's and paper 000's choice; the running statistics are averaged over the
         ranks before every evaluation and save, so every rank holds, scores and saves one
@@ -43,6 +53,8 @@ class ModelConfig:
     head_hidden_dim: int = 2048
     feature_dim: int = 128
     batch_norm: str = "local"
+    channels_last: bool = False
+    compile: bool = False
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHITECTURES:
@@ -78,6 +90,13 @@ class InstanceModel(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.head(self.backbone(images))
+
+
+def model_input(images: torch.Tensor, dtype: torch.dtype, config: ModelConfig) -> torch.Tensor:
+    """The loader's batch as the network takes it: one copy that casts to the engine's ``dtype`` and,
+    with ``channels_last``, lays it out NHWC."""
+    layout = torch.channels_last if config.channels_last and images.dim() == 4 else torch.preserve_format
+    return images.to(dtype=dtype, memory_format=layout)
 
 
 def build_model(config: ModelConfig) -> InstanceModel:

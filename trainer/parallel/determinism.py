@@ -19,8 +19,12 @@ CUBLAS_WORKSPACE = ":4096:8"
 
 
 def apply_determinism(enabled: bool) -> None:
-    """Call once per process, before the first CUDA op (before ``init_distributed``)."""
+    """Call once per process, before the first CUDA op (before ``init_distributed``).
+
+    Off, cuDNN autotunes each convolution shape once (``cudnn.benchmark``): the training step's
+    shapes repeat, so the search pays for itself within a few steps."""
     if not enabled:
+        torch.backends.cudnn.benchmark = True
         return
     # ":16:8" is the other value torch accepts; a user's own choice of either is kept.
     if os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in (":4096:8", ":16:8"):
