@@ -143,7 +143,7 @@ class DaliLoader(IndexedLoader):
         pipeline = build(
             source=source, decode_device="mixed" if use_gpu else "cpu", augment=self.config.augment,
             batch_size=self.config.batch_size, num_threads=self.config.num_threads,
-            device_id=device_id,
+            device_id=device_id, prefetch_queue_depth=self.config.prefetch_depth,
         )
         pipeline.build()
         self.pipelines_built += 1

@@ -47,6 +47,10 @@ class LoaderConfig:
     backend: "dali" (nvJPEG decode on the GPU when CUDA is present, else DALI on the CPU) or
         "torch" (PIL + torchvision in DataLoader workers, the fallback and speed baseline).
     num_threads: DALI CPU threads (and file-reading threads), or DataLoader worker processes.
+    prefetch_depth: batches DALI prepares ahead (its ``prefetch_queue_depth``): the one the step
+        trains on and those decoded meanwhile.  2 covers one step when a batch decodes faster than a
+        step trains, the GPU case (nvJPEG); each one more holds another batch of views on the device
+        (``instcls plan`` counts them).  The files are read 3 steps ahead regardless.
     last_batch: "pad" or "drop" for training with the epoch_permutation sampler, see
         ``data_pipeline.loading.samplers.epoch_permutation``; evaluation always pads, the sliding window never pads.
     seed: base seed of the sample order and of every augmentation parameter.
@@ -61,6 +65,7 @@ class LoaderConfig:
     batch_size: int = 256
     backend: str = "dali"
     num_threads: int = 4
+    prefetch_depth: int = 2
     last_batch: str = "pad"
     seed: int = 0
     augment: AugmentConfig = field(default_factory=AugmentConfig)
@@ -75,6 +80,7 @@ class LoaderConfig:
         need(self.batch_size >= 1, "batch_size", "use at least 1 sample per rank")
         need(self.backend in LOADER_BACKENDS, "backend", f"choose one of {LOADER_BACKENDS}")
         need(self.num_threads >= 1, "num_threads", "use at least 1")
+        need(self.prefetch_depth >= 1, "prefetch_depth", "use at least 1 (2 overlaps decoding with a step)")
         need(self.last_batch in LAST_BATCH_POLICIES, "last_batch", f"choose one of {LAST_BATCH_POLICIES}")
         need(self.on_bad_sample in BAD_SAMPLE_POLICIES, "on_bad_sample", f"choose one of {BAD_SAMPLE_POLICIES}")
 

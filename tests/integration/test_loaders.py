@@ -282,3 +282,16 @@ def test_a_training_set_smaller_than_one_global_batch_is_refused_with_the_fix(tm
         build_loader(tmp_path, config, 0, 2, CPU, train=True)
     assert len(build_loader(tmp_path, config, 0, 2, CPU, train=False)) == 1, "an evaluation set may be small"
     assert len(build_loader(tmp_path, replace(config, batch_size=10), 0, 2, CPU, train=True)) == 1
+
+
+def test_dali_prepares_as_many_batches_ahead_as_the_config_says(digits_shards):
+    from data_pipeline.loading.dali_loader import DaliLoader
+
+    config = LoaderConfig(batch_size=16, backend="dali", num_threads=1, prefetch_depth=3,
+                          augment=AugmentConfig(image_size=16))
+    loader = build_loader(digits_shards, config, 0, 1, CPU, train=True)
+    assert isinstance(loader, DaliLoader)
+    pipeline, _ = loader._pipeline()
+    assert pipeline.prefetch_queue_depth == 3
+    with pytest.raises(ValueError, match="prefetch_depth=0 is invalid"):
+        LoaderConfig(prefetch_depth=0)

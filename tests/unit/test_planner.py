@@ -134,6 +134,9 @@ def test_a_gpu_plan_counts_zero_buckets_and_dali_buffers():
     # 128 local images x 2 views of float32 3x224x224, two batches ahead, plus the decoded images.
     assert stage2["DALI pipeline buffers"] == 2 * 128 * 2 * 3 * 224 * 224 * 4 + 128 * 500 * 400 * 3
     assert "DALI pipeline buffers" not in predict(PlanInput(**base, zero_stage=2, dali=False))
+    # data.loader.prefetch_depth: each batch more ahead is one more batch of views on the device
+    deeper = predict(PlanInput(**base, zero_stage=2, dali_prefetch=3))
+    assert deeper["DALI pipeline buffers"] - stage2["DALI pipeline buffers"] == 128 * 2 * 3 * 224 * 224 * 4
 
 
 def test_the_plan_reads_zero_settings_from_a_deepspeed_config():

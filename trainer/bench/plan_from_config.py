@@ -41,5 +41,6 @@ def plan_input_from_config(config: JobConfig, ranks: int, num_classes: int | Non
         backbone=config.model.arch, image_size=max(loader.view_layout.sides), views=len(loader.view_layout.kinds),
         device="cpu" if config.parallel.device == "cpu" else "gpu",
         queue=getattr(objective, "queue_size", 65536), row_store=getattr(objective, "row_store", "host"),
-        co2=getattr(objective, "co2_alpha", 0.0) > 0, dali=loader.backend == "dali", **settings,
+        co2=getattr(objective, "co2_alpha", 0.0) > 0, dali=loader.backend == "dali",
+        dali_prefetch=loader.prefetch_depth, **settings,
     )

@@ -32,7 +32,7 @@ UNBOUNDED_CLASSES = 10**12  # "any N": device memory does not grow with N (PIC w
 GPU_BUFFERS = 1 * GIB
 DEEPSPEED_REDUCE_BUCKET = 500_000_000  # elements: DeepSpeed's default reduce_bucket_size
 DEEPSPEED_PREFETCH_BUCKET = 50_000_000  # elements: DeepSpeed's default stage3_prefetch_bucket_size
-DALI_PREFETCH_DEPTH = 2  # output batches DALI keeps ahead (its default prefetch_queue_depth)
+DALI_PREFETCH_DEPTH = 2  # output batches DALI keeps ahead (data.loader.prefetch_depth's default)
 DECODED_IMAGE_BYTES = 500 * 400 * 3  # an average ImageNet image decoded (uint8 HWC), before cropping
 
 
@@ -61,6 +61,7 @@ class PlanInput:
     prefetch_bucket: int = DEEPSPEED_PREFETCH_BUCKET  # ZeRO-3's stage3_prefetch_bucket_size (elements)
     fp32_gradients: bool = False  # bf16 backbone, gradients reduced and kept in fp32 (ds_configs/*_bf16.json)
     dali: bool = True  # GPU decoding and augmentation with DALI (its buffers on the device)
+    dali_prefetch: int = DALI_PREFETCH_DEPTH  # batches DALI prepares ahead (data.loader.prefetch_depth)
 
     def __post_init__(self) -> None:
         if self.mode not in ("ddp", "dhp", "pic"):
@@ -182,7 +183,7 @@ def runtime_breakdown(plan: PlanInput) -> dict[str, int]:
     if plan.dali:
         local_images = plan.batch // plan.ranks
         outputs = local_images * plan.views * 3 * plan.image_size**2 * 4  # float32 CHW views
-        breakdown["DALI pipeline buffers"] = DALI_PREFETCH_DEPTH * outputs + local_images * DECODED_IMAGE_BYTES
+        breakdown["DALI pipeline buffers"] = plan.dali_prefetch * outputs + local_images * DECODED_IMAGE_BYTES
     breakdown["buffers (allocator, CUDA context, NCCL)"] = GPU_BUFFERS
     return breakdown
 
