@@ -38,3 +38,12 @@ def scene_shards(tmp_path_factory):
     for split in ("train", "val"):
         assert main(["make-shards", *demo_scene_arguments(), "--split", split, "--out", str(root / split)]) == 0
     return {"train": root / "train", "val": root / "val"}
+
+
+@pytest.fixture(scope="session")
+def drill_context(tmp_path_factory):
+    """The fault drills' shared inputs (digits, the uninterrupted 4-step run, the run stopped at step
+    2), built once for the single-node and the two-node drills alike."""
+    from trainer.drills.catalogue import DrillContext
+
+    return DrillContext(tmp_path_factory.mktemp("drills"))

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from trainer.drills.catalogue import DRILLS, NODE_DRILLS, DrillContext, killed_during_save
+from trainer.drills.catalogue import DRILLS, NODE_DRILLS, killed_during_save
 
 COVERED_ELSEWHERE = {"peer-preempted", "loss-becomes-nan", "nan-step-skipped", "damaged-newest-checkpoint",
                      "checkpoint-with-pickled-code"}
 
 
-@pytest.fixture(scope="module")
-def context(tmp_path_factory):
-    return DrillContext(tmp_path_factory.mktemp("drills"))
+@pytest.fixture
+def context(drill_context):
+    return drill_context
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.slow] if name in COVERED_ELSEWHERE else [])

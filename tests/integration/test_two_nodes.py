@@ -14,16 +14,16 @@ import urllib.request
 import pytest
 
 from trainer.checkpoint.checkpoint_files import complete_checkpoints
-from trainer.drills.catalogue import DRILLS, NODE_DRILLS, DrillContext
+from trainer.drills.catalogue import DRILLS, NODE_DRILLS
 from trainer.drills.jobs import accounting_difference, state_difference
 from trainer.drills.two_nodes import TwoNodeJob
 
 IN_DEFAULT_RUN = {"node-lost-and-replaced"}
 
 
-@pytest.fixture(scope="module")
-def context(tmp_path_factory):
-    return DrillContext(tmp_path_factory.mktemp("two-nodes"))
+@pytest.fixture
+def context(drill_context):
+    return drill_context
 
 
 def _scrape_ranks(ports: dict[int, int], running: threading.Event, found: dict[int, set[str]]) -> None:

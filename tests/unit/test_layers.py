@@ -31,7 +31,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("checkpoint", ("trainer.checkpoint",)),
     ("evaluation", ("trainer.evaluation",)),
     ("engine", ("trainer.engine",)),
-    ("tools", ("trainer.bench", "trainer.drills", "trainer.selftest", "trainer.ablations", "trainer.dry_run")),
+    ("tools", ("trainer.bench", "trainer.drills", "trainer.selftest", "trainer.ablations", "trainer.dry_run",
+               "trainer.rehearsal")),
     ("cli", ("trainer.cli",)),
 ]
 DATA_LAYERS = {"data_pipeline.shardset": 0, "data_pipeline.ingest": 1, "data_pipeline.loading": 1,
