@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: install prometheus lint test test-all test-gpu demo ablate drill bench-classifier clean
+.PHONY: install prometheus lint test test-all test-gpu demo ablate drill rehearsal bench-classifier clean
 
 $(INSTALLED): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -66,9 +66,18 @@ demo: $(INSTALLED) $(SCENE_SHARDS)
 ablate: $(INSTALLED) $(SCENE_SHARDS)
 	OMP_NUM_THREADS=1 $(BIN)/instcls ablate
 
-# Every fault drill on 2 CPU ranks (4-6 minutes): the table of what survived (docs/reliability.md).
+# Every fault drill on 2 CPU ranks (10-14 minutes; the four node drills run two agents as two nodes):
+# the table of what survived (docs/reliability.md).
 drill: $(INSTALLED)
 	OMP_NUM_THREADS=1 $(BIN)/instcls drill --work-dir out/drills
+
+# The ImageNet-1K-sized rehearsal (35-45 minutes on 2 cores, 6.4 GB of disk; not in CI): 1,281,167
+# synthetic images through make-shards (2 parts side by side + merge), `instance` with the full
+# 1.28M-way classifier on 2 nodes x 1 rank, an asynchronous checkpoint, a resume onto 3 ranks and
+# sharded kNN; out/rehearsal/report.md, figures in docs/benchmarks.md.  Run again to reuse the stages
+# that finished (add --fresh to start over); --images 20000 runs the same path in a few minutes.
+rehearsal: $(INSTALLED)
+	OMP_NUM_THREADS=1 $(BIN)/python -m trainer.rehearsal --work-dir out/rehearsal
 
 bench-classifier: $(INSTALLED)
 	$(BIN)/instcls bench classifier
