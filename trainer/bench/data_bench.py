@@ -70,30 +70,40 @@ def _describe(augment: AugmentConfig) -> str:
     return views + (f" + {augment.small_crops} x {augment.small_size}px" if augment.small_crops else "")
 
 
-def _images_per_second(shard_dir: Path, backend: str, augment: AugmentConfig, settings: DataBenchSettings,
-                       device: torch.device) -> float:
-    config = LoaderConfig(batch_size=settings.batch, backend=backend, num_threads=settings.threads, augment=augment)
-    loader = build_loader(shard_dir, config, rank=0, world_size=1, device=device, train=True)
-    images, start = 0, None
+def synthetic_shards(directory: Path, count: int, image_size: int) -> Path:
+    """``count`` random images of ``image_size`` pixels as a shard set in ``directory``."""
+    write_shards(synthetic(count, image_size), directory, ShardSettings(prefix="bench", samples_per_shard=512),
+                 progress=False)
+    return directory
+
+
+def loader_images_per_second(loader, device: torch.device, warmup: int, batches: int) -> float:
+    """Images/s of ``loader`` over ``batches`` batches after ``warmup`` untimed ones (as many epochs
+    as that takes), each batch on the device before it counts."""
+    images, start, index = 0, None, 0
     for epoch in itertools.count():  # several epochs if the shard set is small
         for batch in loader.epoch_batches(epoch):
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            if start is None and images >= settings.warmup * settings.batch:
+            if start is None and index >= warmup:
                 start, images = time.perf_counter(), 0
             images += batch.instance_ids.shape[0]
-            if start is not None and images >= settings.batches * settings.batch:
+            index += 1
+            if start is not None and index >= warmup + batches:
                 return images / (time.perf_counter() - start)
+
+
+def _images_per_second(shard_dir: Path, backend: str, augment: AugmentConfig, settings: DataBenchSettings,
+                       device: torch.device) -> float:
+    config = LoaderConfig(batch_size=settings.batch, backend=backend, num_threads=settings.threads, augment=augment)
+    loader = build_loader(shard_dir, config, rank=0, world_size=1, device=device, train=True)
+    return loader_images_per_second(loader, device, settings.warmup, settings.batches)
 
 
 def run(settings: DataBenchSettings) -> dict:
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     with tempfile.TemporaryDirectory() as tmp:
-        shard_dir = settings.shards
-        if shard_dir is None:
-            shard_dir = Path(tmp)
-            source = synthetic(settings.synthetic_count, settings.image_size)
-            write_shards(source, shard_dir, ShardSettings(prefix="bench", samples_per_shard=512), progress=False)
+        shard_dir = settings.shards or synthetic_shards(Path(tmp), settings.synthetic_count, settings.image_size)
         rows = []
         for views, augment in view_recipes(settings).items():
             rates = {backend: _images_per_second(shard_dir, backend, augment, settings, device)

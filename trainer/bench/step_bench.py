@@ -16,10 +16,8 @@ share at a large N needs a shard set of that size (``--shards``), or `instcls dr
 
 from __future__ import annotations
 
-import itertools
 import json
 import tempfile
-import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +25,7 @@ from statistics import fmean, median
 
 import torch
 
+from trainer.bench.data_bench import loader_images_per_second, synthetic_shards
 from trainer.parallel.launch import spawn_local_workers
 
 PHASE_ORDER = ("data_wait", "forward", "objective", "backward", "optimizer", "checkpoint")
@@ -70,16 +69,7 @@ def _loader_images_per_second(config, dims, warmup: int, steps: int) -> float:
 
     loader = build_loader(config.data.train_shards, config.data.loader, dims.rank, dims.world_size, dims.device,
                           train=True)
-    images, start = 0, None
-    for epoch in itertools.count():
-        for index, batch in enumerate(loader.epoch_batches(epoch)):
-            if dims.device.type == "cuda":
-                torch.cuda.synchronize(dims.device)  # the batch is on the device, as the step would need it
-            if start is None and index >= warmup:
-                start, images = time.perf_counter(), 0
-            images += batch.instance_ids.shape[0]
-            if start is not None and index >= warmup + steps:
-                return images / (time.perf_counter() - start)
+    return loader_images_per_second(loader, dims.device, warmup, steps)
 
 
 def _bench_rank(config_path: Path, overrides: list[str], settings: StepBenchSettings, out: Path) -> None:
@@ -112,15 +102,6 @@ def _bench_rank(config_path: Path, overrides: list[str], settings: StepBenchSett
             trainer.record.phases_done(trainer.phases.completed())  # the last steps' events
         record.update(steps=trainer.record.step_history, phases=trainer.record.phase_history)
     (out / f"rank-{dims.rank}.json").write_text(json.dumps(record))
-
-
-def _synthetic_shards(directory: Path, count: int, image_size: int) -> Path:
-    from data_pipeline.ingest.make_shards import ShardSettings, write_shards
-    from data_pipeline.ingest.sources.generated import synthetic
-
-    write_shards(synthetic(count, image_size), directory, ShardSettings(prefix="bench", samples_per_shard=512),
-                 progress=False)
-    return directory
 
 
 def _rank_summary(record: dict, warmup: int) -> dict:
@@ -157,7 +138,7 @@ def run(settings: StepBenchSettings, overrides: list[str] = ()) -> dict:
         shards = settings.shards
         if shards is None:
             count = settings.synthetic_count or (total_steps + 1) * config.data.loader.batch_size * settings.ranks
-            shards = _synthetic_shards(work / "shards", count, settings.image_size)
+            shards = synthetic_shards(work / "shards", count, settings.image_size)
         job = [*overrides, *_job_overrides(shards, work, total_steps)]
         spawn_local_workers(_bench_rank, settings.ranks, settings.config, job, settings, work)
         records = [json.loads((work / f"rank-{rank}.json").read_text()) for rank in range(settings.ranks)]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from data_pipeline.ingest.make_shards import ShardSettings, write_shards
 from data_pipeline.ingest.sources.generated import sklearn_digits
-from trainer.checkpoint.checkpoint_files import complete_checkpoints
+from trainer.checkpoint.checkpoint_files import checkpoint_damage, checkpoint_name, complete_checkpoints
 from trainer.drills.jobs import Job, state_difference
 
 CADENCE = ["data.loader.batch_size=64", "optim.epochs=4", "optim.warmup_epochs=1", "checkpoint.every_steps=2",
@@ -82,6 +82,24 @@ def first_step_after(job: Job, moment: float | None) -> float | None:
         return None
     steps = [r["time"] for r in job.log_records() if r.get("event") == "step" and r["time"] > moment]
     return round(steps[0] - moment, 1) if steps else None
+
+
+def sigterm_checkpoint(job: Job, output: str) -> Path | None:
+    """The checkpoint the SIGTERM stop wrote, if it is complete, before the last step, and no partial
+    one was left behind."""
+    saving = re.search(r"SIGTERM: saving at step (\d+)", output)
+    if saving is None or int(saving.group(1)) >= 4 or list(job.checkpoints.glob("*.tmp")):
+        return None
+    path = job.checkpoints / checkpoint_name(int(saving.group(1)))
+    return path if path in complete_checkpoints(job.checkpoints) and checkpoint_damage(path) is None else None
+
+
+def recovery_time(job: Job, signalled: float) -> float | None:
+    """Seconds from the signal to the first training step of the resumed job (the stopped job's own
+    last step comes after the signal too, and does not count)."""
+    resumed = [r["time"] for r in job.log_records() if r.get("message", "").startswith("resumed from")]
+    first = first_step_after(job, resumed[-1]) if resumed else None
+    return None if first is None else round(resumed[-1] + first - signalled, 1)
 
 
 def resume_and_compare(job: Job, context: DrillContext, fault_time: float | None) -> tuple[str, float | None, bool]:

@@ -16,16 +16,16 @@ import torch
 from trainer.checkpoint.row_checkpoint import ROWS_FOLDER, read_full_rows
 from trainer.observability.report import RunLogs
 from trainer.parallel.launch import free_port
+from trainer.parallel.local_nodes import LAUNCH  # noqa: F401 (the drills' launcher, named here too)
 
 REPO = Path(__file__).resolve().parents[2]
-LAUNCH = [sys.executable, "-m", "trainer.cli", "launch"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
-def train_command(run_dir: Path, shards: dict[str, Path], nproc: int, overrides: list[str], resume: str = "none",
-                  launcher: list[str] | None = None, config: str = "digits_cpu.yaml") -> list[str]:
-    """`instcls train` on ``shards`` ({"train": dir, "val": dir}) with checkpoints and logs under
-    ``run_dir``, no progress bars, no end-of-run kNN, checkpoints only where ``overrides`` ask."""
+def train_arguments(run_dir: Path, shards: dict[str, Path], overrides: list[str], resume: str = "none",
+                    config: str = "digits_cpu.yaml") -> list[str]:
+    """``trainer.cli train ...`` on ``shards`` ({"train": dir, "val": dir}) with checkpoints and logs
+    under ``run_dir``, no progress bars, no end-of-run kNN, checkpoints only where ``overrides`` ask."""
     settings = [
         f"data.train_shards={shards['train']}",
         f"data.eval_shards={shards['val']}",
@@ -36,11 +36,17 @@ def train_command(run_dir: Path, shards: dict[str, Path], nproc: int, overrides:
         "checkpoint.every_epochs=0",
         *overrides,
     ]
-    command = [*(launcher or TORCHRUN), "--nproc-per-node", str(nproc), "--master-port", str(free_port()),
-               "-m", "trainer.cli", "train", "--config", str(REPO / "configs" / config), "--resume", resume]
+    arguments = ["trainer.cli", "train", "--config", str(REPO / "configs" / config), "--resume", resume]
     for setting in settings:
-        command += ["--set", setting]
-    return command
+        arguments += ["--set", setting]
+    return arguments
+
+
+def train_command(run_dir: Path, shards: dict[str, Path], nproc: int, overrides: list[str], resume: str = "none",
+                  launcher: list[str] | None = None, config: str = "digits_cpu.yaml") -> list[str]:
+    """``train_arguments`` as one torchrun (or `instcls launch`) of ``nproc`` local ranks."""
+    return [*(launcher or TORCHRUN), "--nproc-per-node", str(nproc), "--master-port", str(free_port()),
+            "-m", *train_arguments(run_dir, shards, overrides, resume, config)]
 
 
 def job_env(**extra: str) -> dict[str, str]:

@@ -7,13 +7,12 @@ is, runs past it.  The faulty rank waits after step 2's or 3's backward
 
 from __future__ import annotations
 
-import re
 import time
 
 from trainer.checkpoint.checkpoint_files import checkpoint_name, complete_checkpoints
-from trainer.drills.context import NO_LOSS, DrillContext, DrillResult, first_step_after
+from trainer.drills.context import NO_LOSS, DrillContext, DrillResult, recovery_time, sigterm_checkpoint
 from trainer.drills.jobs import accounting_difference, state_difference
-from trainer.drills.two_nodes import TwoNodeJob
+from trainer.drills.two_nodes import VOLUMES, TwoNodeJob
 from trainer.exit_codes import ExitCode
 from trainer.parallel.local_nodes import Node
 
@@ -33,26 +32,8 @@ def _against_uninterrupted(job: TwoNodeJob, context: DrillContext) -> tuple[str 
     return difference, accounting, counted
 
 
-def _sigterm_checkpoint(job: TwoNodeJob) -> int | None:
-    """The step of the checkpoint the SIGTERM stop wrote, if it is complete (every rank's files, the
-    manifest last) and nothing partial was left behind."""
-    said = re.search(r"SIGTERM: saving at step (\d+)", job.output())
-    if said is None or list(job.job.checkpoints.glob("*.tmp")):
-        return None
-    step = int(said.group(1))
-    return step if job.job.checkpoints / checkpoint_name(step) in complete_checkpoints(job.job.checkpoints) else None
-
-
-def _resumed_from(job: TwoNodeJob, step: int) -> bool:
-    return f"resumed from volumes/checkpoints/{checkpoint_name(step)}" in job.output()
-
-
-def _recovery(job: TwoNodeJob, fault: float) -> float | None:
-    """Seconds from the fault to the first training step of the resumed job."""
-    resumed = [r["time"] for r in job.job.log_records() if r.get("message", "").startswith("resumed from")]
-    later = [t for t in resumed if t > fault]
-    first = first_step_after(job.job, later[-1]) if later else None
-    return None if first is None else round(later[-1] + first - fault, 1)
+def _resumed_from(job: TwoNodeJob, checkpoint: str) -> bool:
+    return f"resumed from {VOLUMES}/checkpoints/{checkpoint}" in job.output()
 
 
 def _lose_mid_step(job: TwoNodeJob, victim: Node) -> float | None:
@@ -74,14 +55,14 @@ def node_lost_and_replaced(context: DrillContext) -> DrillResult:
         replacement = job.start(1, _held(3))
         codes = job.wait([survivor, replacement])
     difference, accounting, counted = _against_uninterrupted(job, context)
-    resumed = _resumed_from(job, 2)
+    resumed = _resumed_from(job, checkpoint_name(2))
     return DrillResult(
         "node-lost-and-replaced", "node 1's agent and worker SIGKILLed in step 3, a replacement pod started for it",
         f"exits (node 0, replacement) {codes}; "
         + ("node 0's agent restarted its rank, the replacement joined, the job resumed step 2" if resumed
            else "no resume from step 2 logged") + "; "
         + (accounting or f"each of the {counted} ids of steps 1-4 consumed once, as uninterrupted"),
-        difference or accounting or NO_LOSS, _recovery(job, fault) if fault else None,
+        difference or accounting or NO_LOSS, recovery_time(job.job, fault) if fault else None,
         fault is not None and codes == [0, 0] and resumed and difference is None and accounting is None)
 
 
@@ -95,19 +76,19 @@ def node_preempted(context: DrillContext) -> DrillResult:
         fault = time.time()
         victim.preempt()
         preempted_code = job.wait([victim], timeout=300)[0]
-        saved = _sigterm_checkpoint(job)  # every rank's files in it: both ranks stopped at that step
+        saved = sigterm_checkpoint(job.job, job.output())  # every rank's files in it: both stopped at that step
         survivor_waits = survivor.process.poll() is None  # restarting its rank, not taking 143 for the end
         replacement = job.start(1, _held(2))
         codes = job.wait([survivor, replacement])
     difference, accounting, _ = _against_uninterrupted(job, context)
-    resumed = saved is not None and _resumed_from(job, saved)
+    resumed = saved is not None and _resumed_from(job, saved.name)
     return DrillResult(
         "node-preempted", "SIGTERM to node 1's agent in step 2 (its pod preempted), then a replacement pod",
-        f"every rank saved at step {saved}; node 1's agent exited {preempted_code} (not counted as a failure: "
-        f"{preempted_code == ExitCode.PREEMPTED}); node 0's agent restarted its rank and waited: {survivor_waits}; "
-        f"the job resumed from that checkpoint when the replacement joined: {resumed}; exits (node 0, replacement) "
-        f"{codes}",
-        difference or accounting or NO_LOSS, _recovery(job, fault) if held else None,
+        f"every rank saved {saved.name if saved else None}; node 1's agent exited {preempted_code} (not counted "
+        f"as a failure: {preempted_code == ExitCode.PREEMPTED}); node 0's agent restarted its rank and waited: "
+        f"{survivor_waits}; the job resumed from that checkpoint when the replacement joined: {resumed}; exits "
+        f"(node 0, replacement) {codes}",
+        difference or accounting or NO_LOSS, recovery_time(job.job, fault) if held else None,
         held and preempted_code == ExitCode.PREEMPTED and survivor_waits and resumed and codes == [0, 0]
         and difference is None and accounting is None)
 
@@ -126,13 +107,13 @@ def store_host_lost(context: DrillContext) -> DrillResult:
         restarted = job.start(1)
         codes = job.wait([replacement, restarted])
     difference, accounting, _ = _against_uninterrupted(job, context)
-    resumed = _resumed_from(job, 2)
+    resumed = _resumed_from(job, checkpoint_name(2))
     return DrillResult(
         "store-host-lost", "node 0 (the c10d store's host) SIGKILLed in step 3; replacement pods for both nodes",
         f"node 1's agent lost the store and exited {survivor_code} {ended_after} s after the fault (counted, "
         f"restarted by Kubernetes); with node 0's replacement hosting a new store, "
         + ("the job resumed step 2" if resumed else "no resume from step 2 logged") + f"; exits {codes}",
-        difference or accounting or NO_LOSS, _recovery(job, fault) if fault else None,
+        difference or accounting or NO_LOSS, recovery_time(job.job, fault) if fault else None,
         fault is not None and survivor_code == ExitCode.CRASHED and resumed and codes == [0, 0]
         and difference is None and accounting is None)
 

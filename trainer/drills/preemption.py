@@ -10,10 +10,16 @@ import re
 import signal
 import subprocess
 import time
-from pathlib import Path
 
-from trainer.checkpoint.checkpoint_files import checkpoint_damage, checkpoint_name, complete_checkpoints
-from trainer.drills.context import FOUR_STEPS, NO_LOSS, DrillContext, DrillResult, first_step_after
+from trainer.checkpoint.checkpoint_files import complete_checkpoints
+from trainer.drills.context import (
+    FOUR_STEPS,
+    NO_LOSS,
+    DrillContext,
+    DrillResult,
+    recovery_time,
+    sigterm_checkpoint,
+)
 from trainer.drills.jobs import LAUNCH, REPO, Job, job_env, state_difference
 from trainer.exit_codes import ExitCode
 
@@ -41,31 +47,13 @@ def _stopped_by_sigterm(job: Job, launcher: list[str], signal_rank_only: bool) -
                          exited=round(time.time() - signalled, 1))
 
 
-def _sigterm_checkpoint(job: Job, output: str) -> Path | None:
-    """The checkpoint the SIGTERM stop wrote, if it is complete, before the last step, and no partial
-    one was left behind."""
-    saving = re.search(r"SIGTERM: saving at step (\d+)", output)
-    if saving is None or int(saving.group(1)) >= 4 or list(job.checkpoints.glob("*.tmp")):
-        return None
-    path = job.checkpoints / checkpoint_name(int(saving.group(1)))
-    return path if path in complete_checkpoints(job.checkpoints) and checkpoint_damage(path) is None else None
-
-
-def _recovery(job: Job, signalled: float) -> float | None:
-    """Seconds from the signal to the first training step of the resumed job (the stopped job's own
-    last step comes after the signal too, and does not count)."""
-    resumed = [r["time"] for r in job.log_records() if r.get("message", "").startswith("resumed from")]
-    first = first_step_after(job, resumed[-1]) if resumed else None
-    return None if first is None else round(resumed[-1] + first - signalled, 1)
-
-
 def preempted_with_sigterm(context: DrillContext) -> DrillResult:
     """SIGTERM to `instcls launch` mid-run, as Kubernetes sends it to a pod: a complete checkpoint and
     the retryable exit code.  Then the same command again, as the Job's replacement pod runs it:
     it resumes and ends bit-identical to the uninterrupted run, exit 0."""
     job = Job(context.directory("preempted-with-sigterm"), context.shards)
     command, stop = _stopped_by_sigterm(job, LAUNCH, signal_rank_only=False)
-    stopped_at = _sigterm_checkpoint(job, stop["output"])
+    stopped_at = sigterm_checkpoint(job, stop["output"])
     if stopped_at is not None and complete_checkpoints(job.checkpoints)[-1] != stopped_at:
         stopped_at = None  # the run went on past its SIGTERM checkpoint
     relaunched = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, env=stop["env"])
@@ -78,7 +66,7 @@ def preempted_with_sigterm(context: DrillContext) -> DrillResult:
         f"exit {stop['code']} (retryable: {stop['code'] == ExitCode.PREEMPTED}) {stop['exited']} s after the signal; "
         f"complete SIGTERM checkpoint: {stopped_at.name if stopped_at else None}; the same command resumed from it: "
         f"{resumed}, exit {relaunched.returncode}", difference or NO_LOSS,
-        _recovery(job, stop["signalled"]),
+        recovery_time(job, stop["signalled"]),
         stop["code"] == ExitCode.PREEMPTED and stopped_at is not None and resumed
         and relaunched.returncode == ExitCode.FINISHED and difference is None)
 
@@ -89,7 +77,7 @@ def peer_preempted(context: DrillContext) -> DrillResult:
     instead of taking 143 for the end of the run; they resume and finish bit-identical, exit 0."""
     job = Job(context.directory("peer-preempted"), context.shards)
     _, stop = _stopped_by_sigterm(job, [*LAUNCH, "--max-restarts=1"], signal_rank_only=True)
-    stopped_at = _sigterm_checkpoint(job, stop["output"])
+    stopped_at = sigterm_checkpoint(job, stop["output"])
     retryable = re.search(r"stopped \(sigterm\) .* exiting 143", stop["output"]) is not None  # not taken for done
     resumed = stopped_at is not None and f"resumed from {stopped_at}" in stop["output"]
     difference = state_difference(complete_checkpoints(job.checkpoints)[-1], context.reference) \
@@ -98,5 +86,5 @@ def peer_preempted(context: DrillContext) -> DrillResult:
         "peer-preempted", "SIGTERM to rank 0 only (another node's pod preempted), `instcls launch --max-restarts=1`",
         f"complete SIGTERM checkpoint: {stopped_at.name if stopped_at else None}; the ranks exited 143: {retryable}; "
         f"torchrun restarted them in place and they resumed from it: {resumed}; exit {stop['code']}",
-        difference or NO_LOSS, _recovery(job, stop["signalled"]),
+        difference or NO_LOSS, recovery_time(job, stop["signalled"]),
         stopped_at is not None and retryable and resumed and stop["code"] == ExitCode.FINISHED and difference is None)

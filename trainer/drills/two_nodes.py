@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainer.drills.context import FOUR_STEPS
-from trainer.drills.jobs import REPO, Job, job_env
+from trainer.drills.jobs import REPO, Job, job_env, train_arguments
 from trainer.parallel.launch import free_port
 from trainer.parallel.local_nodes import Node, Rendezvous, start_node, stop_all
 
@@ -58,22 +58,10 @@ class TwoNodeJob:
         return directory
 
     def train_arguments(self, node: int) -> list[str]:
-        settings = [
-            f"data.train_shards={VOLUMES}/shards/train",
-            f"data.eval_shards={VOLUMES}/shards/val",
-            f"checkpoint.dir={VOLUMES}/checkpoints",
-            f"logging.dir={VOLUMES}/logs",
-            "logging.progress=false",
-            "eval.knn_at_end=false",
-            "checkpoint.every_epochs=0",
-            # one machine, two "pods": each node needs its own base port (on a cluster each pod has its own address)
-            f"logging.metrics_port={self.metrics_ports[node]}",
-            *self.overrides,
-        ]
-        arguments = ["trainer.cli", "train", "--config", str(REPO / "configs" / "digits_cpu.yaml"), "--resume", "auto"]
-        for setting in settings:
-            arguments += ["--set", setting]
-        return arguments
+        # one machine, two "pods": each node needs its own base port (on a cluster each pod has its own address)
+        overrides = [f"logging.metrics_port={self.metrics_ports[node]}", *self.overrides]
+        return train_arguments(Path(VOLUMES), {split: Path(VOLUMES) / "shards" / split for split in ("train", "val")},
+                               overrides, resume="auto")
 
     def start(self, node: int, failpoint: str | None = None) -> Node:
         """Start (or replace) node ``node``; ``failpoint`` arms a fault in its ranks, once per job."""

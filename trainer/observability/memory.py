@@ -20,12 +20,13 @@ def peak_rss_bytes() -> int:
     return status_field_bytes("VmHWM")
 
 
-def status_field_bytes(name: str) -> int:
-    with open("/proc/self/status") as status:
+def status_field_bytes(name: str, pid: int | str = "self") -> int:
+    """A memory line of ``/proc/PID/status`` (this process by default), in bytes."""
+    with open(f"/proc/{pid}/status") as status:
         for line in status:
             if line.startswith(name + ":"):
                 return int(line.split()[1]) * 1024  # reported in kB
-    raise RuntimeError(f"/proc/self/status has no {name} line; CPU memory readings need Linux")
+    raise RuntimeError(f"/proc/{pid}/status has no {name} line; CPU memory readings need Linux")
 
 
 def reset_peak(device: torch.device) -> int:

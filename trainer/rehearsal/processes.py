@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 
+from trainer.observability.memory import status_field_bytes
 from trainer.rehearsal.settings import REPO
 
 INSTCLS = [sys.executable, "-m", "trainer.cli"]
@@ -79,15 +80,11 @@ def run(command: list[str], output: Path, what: str, timeout_s: float = 3 * 3600
     return Finished(started, time.perf_counter() - clock, output)
 
 
-def _status_bytes(pid: int, name: str) -> int | None:
+def _peak_rss(pid: int) -> int | None:
     try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith(name + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:  # exited between the listing and the read
+        return status_field_bytes("VmHWM", pid)
+    except (OSError, RuntimeError):  # exited between the listing and the read (a zombie has no Vm lines)
         return None
-    return None
 
 
 @dataclass
@@ -140,7 +137,7 @@ class RankMemoryWatch:
     def _poll(self) -> None:
         while not self._stop.is_set():
             for pid, rank in self._ranks().items():
-                peak = _status_bytes(pid, "VmHWM")
+                peak = _peak_rss(pid)
                 if peak is None:
                     continue
                 self.peak_by_rank[rank] = max(peak, self.peak_by_rank.get(rank, 0))
