@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: install prometheus lint test test-all test-gpu demo ablate drill rehearsal bench-classifier clean
+.PHONY: install prometheus lint test test-all test-gpu test-gpu-offline gpu-check demo ablate drill rehearsal bench-classifier clean
 
 $(INSTALLED): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,16 @@ test-all: $(INSTALLED) prometheus
 # On a GPU node: the tests marked gpu (CI skips them), with the devices left visible.
 test-gpu: $(INSTALLED)
 	INSTCLS_TEST_GPU=1 $(BIN)/python -m pytest -m gpu
+
+# The same on a GPU machine with no package registry: the machine's own Python (PYTHON=python3) and
+# whatever was carried on PYTHONPATH, nothing installed; only the files that hold GPU tests are collected
+# (the others import what such a machine may lack: DALI, jsonschema).
+test-gpu-offline:
+	INSTCLS_TEST_GPU=1 $(PYTHON) -m pytest -m gpu -p no:cacheprovider $$(grep -rl "mark.gpu" tests --include='test_*.py')
+
+# Everything a GPU machine can show, in one prepared run with wheels carried in .whl/ (docs/gpu-results.md).
+gpu-check:
+	PYTHON=$(PYTHON) scripts/gpu_check.sh
 
 # The main job on the embedded default (~5 minutes): digit scenes, the scikit-learn digits drawn
 # in random colours on random flat colours (80% to train on, 20% held out), as WebDataset shards;

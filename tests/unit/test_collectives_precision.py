@@ -38,3 +38,21 @@ def test_all_gather_backward_reduces_bf16_gradients_in_fp32(monkeypatch):
     exact = contributions.double().sum(dim=0)
     assert torch.equal(features.grad, exact.to(torch.bfloat16)), "the sum is rounded once, to bf16"
     assert seen_dtypes == [torch.float32] and features.grad.dtype == torch.bfloat16
+
+
+def test_torch_without_the_single_tensor_names_uses_the_old_ones(monkeypatch):
+    """torch 2.11 (the GPU machines' image) has no ``all_gather_single``/``reduce_scatter_single``."""
+    from trainer.parallel import collectives
+
+    called = []
+    monkeypatch.delattr(dist, "all_gather_single", raising=False)
+    monkeypatch.delattr(dist, "reduce_scatter_single", raising=False)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "all_gather_into_tensor", lambda out, t, group=None: called.append("gather") or
+                        out.copy_(t.repeat(2, 1)))
+    monkeypatch.setattr(dist, "reduce_scatter_tensor", lambda out, t, group=None: called.append("scatter") or
+                        out.copy_(t[: out.shape[0]]))
+    rows = torch.arange(6.0).view(3, 2)
+    assert torch.equal(collectives.gather_rows(rows, object()), rows.repeat(2, 1))
+    assert torch.equal(collectives.reduce_scatter_rows(rows.repeat(2, 1), object()), rows)
+    assert called == ["gather", "scatter"]

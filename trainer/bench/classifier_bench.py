@@ -71,8 +71,6 @@ class ClassifierBenchSettings:
             raise ValueError("--steps must be >= 1 and --warmup >= 0")
         if self.dtype not in FLOAT_DTYPES:
             raise ValueError(f"--dtype {self.dtype!r}: choose float32, bfloat16 or float16")
-        if torch.cuda.is_available() and torch.cuda.device_count() < self.ranks:
-            raise ValueError(f"--ranks {self.ranks} needs that many GPUs; this machine has {torch.cuda.device_count()}")
 
     def rows_scored(self, mode: str) -> int:
         """Samples each rank scores: the gathered batch (DHP) or its local part (DDP)."""
@@ -218,6 +216,11 @@ def format_report(summary: dict) -> str:
 
 
 def run(settings: ClassifierBenchSettings) -> dict:
+    # Checked here, not when the settings are made: the command line builds default settings for its
+    # help text on every machine, a one-GPU machine included.
+    if torch.cuda.is_available() and torch.cuda.device_count() < settings.ranks:
+        raise ValueError(f"--ranks {settings.ranks} needs that many GPUs; this machine has "
+                         f"{torch.cuda.device_count()}")
     runs = [summarize_run(settings, mode, logits, run_variant(settings, mode, logits))
             for mode in MODES for logits in LOGITS]
     return summarize(settings, runs)

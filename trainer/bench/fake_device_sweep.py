@@ -33,6 +33,7 @@ class FakeSweep:
     deepspeed_config: str = "zero2_bf16"
     growth: float = 1.25  # how far apart the first bracket around the planner's answer is, and how it widens
     resolution: float = 0.02  # bisect until the boundary is known within 2%
+    on_device: bool = False  # execute rank 0's step on this machine's GPU instead (``dry_run.on_device``)
 
 
 def _job(sweep: FakeSweep, mode: str) -> JobConfig:
@@ -64,12 +65,32 @@ def _rest_of_the_rank(config: JobConfig, sweep: FakeSweep) -> int:
 def executed_peak(config: JobConfig, sweep: FakeSweep, num_classes: int) -> int:
     """Rank 0's peak device bytes over two executed classifier steps at ``num_classes`` (the second
     is the steady state: its backward runs with the momentum buffers the first update created)."""
+    if sweep.on_device:
+        return _on_device(config, sweep, num_classes).report.peak_bytes
     from trainer.dry_run.rank_step import run_rank
 
     report = run_rank(config, num_classes, sweep.ranks, rank=0, steps=2, sampled_ids=SAMPLED_IDS)
     if report.stopped:
         raise RuntimeError(f"the dry run of N={num_classes} stopped: {report.stopped}")
     return report.peak_bytes
+
+
+def _on_device(config: JobConfig, sweep: FakeSweep, num_classes: int, steps: int = 2):
+    import torch
+
+    from trainer.dry_run.on_device import run_rank_on_device
+
+    torch.cuda.empty_cache()  # each point's peak starts from an empty cache
+    measured = run_rank_on_device(config, num_classes, sweep.ranks, rank=0, steps=steps, sampled_ids=SAMPLED_IDS)
+    if measured.report.stopped:
+        raise RuntimeError(f"the step of N={num_classes} on the device stopped: {measured.report.stopped}")
+    return measured
+
+
+def step_seconds_on_device(mode: str, num_classes: int, sweep: FakeSweep) -> float:
+    """Median seconds of rank 0's step after the first of 4, on this GPU (no communication time)."""
+    seconds = _on_device(_job(sweep, mode), sweep, num_classes, steps=4).step_seconds[1:]
+    return sorted(seconds)[len(seconds) // 2]
 
 
 def largest_fitting(mode: str, cap_bytes: int, sweep: FakeSweep, progress=None) -> int:
@@ -110,6 +131,9 @@ def run(caps_gib: list[float], sweep: FakeSweep, progress=None) -> list[dict]:
         for mode in ("ddp", "dhp"):
             row[f"{mode}_executed"] = largest_fitting(mode, int(cap * GIB), sweep, progress)
             row[f"{mode}_planned"] = planned_largest(mode, int(cap * GIB), sweep)
+        if sweep.on_device and row["ddp_executed"]:  # both modes at the largest N that DDP fits
+            row.update({f"{mode}_step_s": step_seconds_on_device(mode, row["ddp_executed"], sweep)
+                        for mode in ("ddp", "dhp")})
         rows.append(row)
     return rows
 
@@ -123,12 +147,14 @@ def _ratio(dhp: int, ddp: int) -> str:
 
 
 def format_table(rows: list[dict], sweep: FakeSweep) -> str:
+    where = "on this GPU (real tensors)" if sweep.on_device else "on fake CUDA devices"
     lines = [
         f"largest N per rank's memory: {sweep.ranks} ranks, global batch {sweep.batch}, D {sweep.dim}, "
-        f"{sweep.deepspeed_config}; the classifier's step executed on fake CUDA devices, ResNet-50 + ZeRO + DALI "
+        f"{sweep.deepspeed_config}; the classifier's step executed {where} as rank 0, ResNet-50 + ZeRO + DALI "
         "+ runtime by the planner's formula",
         "",
-        "| memory per rank | mode | executed (dry run) | planned (`instcls plan`) | paper (V100-32GB) |",
+        f"| memory per rank | mode | executed ({'device' if sweep.on_device else 'dry run'}) | planned "
+        "(`instcls plan`) | paper (V100-32GB) |",
         "|---|---|---|---|---|",
     ]
     for row in rows:
@@ -139,4 +165,8 @@ def format_table(rows: list[dict], sweep: FakeSweep) -> str:
         lines.append(f"| {row['cap_gib']:g} GiB | DHP / DDP | {_ratio(row['dhp_executed'], row['ddp_executed'])} | "
                      f"{_ratio(row['dhp_planned'], row['ddp_planned'])} | "
                      f"{_ratio(PAPER['dhp'], PAPER['ddp']) if paper else '-'} |")
+    for row in rows:
+        if "ddp_step_s" in row:
+            lines.append(f"rank 0's step at N={row['ddp_executed']:,} (DDP's largest at {row['cap_gib']:g} GiB), "
+                         f"device work only: DDP {row['ddp_step_s']:.4f} s, DHP {row['dhp_step_s']:.4f} s")
     return "\n".join(lines)

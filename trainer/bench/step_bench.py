@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import tempfile
-import warnings
+from collections import Counter
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from statistics import fmean, median
@@ -26,6 +27,7 @@ from statistics import fmean, median
 import torch
 
 from trainer.bench.data_bench import loader_images_per_second, synthetic_shards
+from trainer.dry_run.host_syncs import device_sync_sites
 from trainer.parallel.launch import spawn_local_workers
 
 PHASE_ORDER = ("data_wait", "forward", "objective", "backward", "optimizer", "checkpoint")
@@ -87,17 +89,13 @@ def _bench_rank(config_path: Path, overrides: list[str], settings: StepBenchSett
     if not settings.loader_only:
         trainer = Trainer(config, dims, resume="none")
         trainer.record.step_history, trainer.record.phase_history = [], []
-        with warnings.catch_warnings(record=True) as caught:
-            if dims.device.type == "cuda":  # every synchronizing CUDA call warns; counted at each step's end
-                warnings.simplefilter("always")
-                torch.cuda.set_sync_debug_mode("warn")
-                trainer.record.host_syncs_so_far = lambda: sum("synchroniz" in str(w.message) for w in caught)
-            try:
-                trainer.train()
-            finally:
-                if dims.device.type == "cuda":
-                    torch.cuda.set_sync_debug_mode("default")
-        if dims.device.type == "cuda":
+        # On GPUs every synchronizing CUDA call is recorded with its source line; counted at each step's end
+        with device_sync_sites() if dims.device.type == "cuda" else nullcontext(None) as sites:
+            if sites is not None:
+                trainer.record.host_syncs_so_far = lambda: len(sites)
+            trainer.train()
+        if sites is not None:
+            record["sync_sites"] = sites
             torch.cuda.synchronize(dims.device)
             trainer.record.phases_done(trainer.phases.completed())  # the last steps' events
         record.update(steps=trainer.record.step_history, phases=trainer.record.phase_history)
@@ -122,8 +120,10 @@ def _rank_summary(record: dict, warmup: int) -> dict:
     )
     summary["loader_headroom"] = summary["loader_images_per_s"] / summary["images_per_s"]
     if "host_syncs_so_far" in record["steps"][0]:  # the measured steps' own, not start-up's
-        summary["host_syncs_per_step"] = (steps[-1]["host_syncs_so_far"] - record["steps"][warmup - 1][
-            "host_syncs_so_far"]) / len(steps)
+        before = record["steps"][warmup - 1]["host_syncs_so_far"]
+        summary["host_syncs_per_step"] = (steps[-1]["host_syncs_so_far"] - before) / len(steps)
+        measured = record["sync_sites"][before:steps[-1]["host_syncs_so_far"]]
+        summary["host_sync_sites_per_step"] = {site: count / len(steps) for site, count in Counter(measured).items()}
     return summary
 
 
@@ -167,6 +167,8 @@ def format_report(result: dict) -> str:
     if "host_syncs_per_step" in first:
         lines.append("host syncs per measured step (CUDA sync debug mode): " + ", ".join(
             f"rank {r['rank']}: {r['host_syncs_per_step']:.1f}" for r in ranks))
+        sites = first["host_sync_sites_per_step"]  # rank 0's
+        lines += [f"  {per_step:.1f} per step at {site}" for site, per_step in sites.items()]
     lines.append("img/s: images this rank trained on per second of step (loader wait included); headroom: what "
                  "the loader alone feeds over what the step consumes")
     return "\n".join(lines)

@@ -100,12 +100,17 @@ def _add_ddp_vs_dhp(benchmarks) -> None:
                         help="instead: execute the classifier's step on fake CUDA devices as rank 0 of --ranks "
                         "(no GPU needed) and print the largest N per mode under each cap, e.g. 32,80 with "
                         "--ranks 64 --batch 4096 for the paper's Figure 3 (ResNet-50 by the planner's formula)")
+    parser.add_argument("--on-device", action="store_true",
+                        help="with --fake-devices: execute rank 0's step on this machine's GPU instead (real tensors, "
+                        "the same fake process group: one GPU plays rank 0 of --ranks), and time both modes at DDP's "
+                        "largest N")
 
 
 def _run_fake_device_sweep(args: argparse.Namespace) -> int:
     from trainer.bench.fake_device_sweep import FakeSweep, format_table, run
 
-    sweep = FakeSweep(ranks=args.ranks, batch=args.batch, dim=args.dim, chunk_size=args.chunk_size)
+    sweep = FakeSweep(ranks=args.ranks, batch=args.batch, dim=args.dim, chunk_size=args.chunk_size,
+                      on_device=args.on_device)
     rows = run(args.fake_devices, sweep, progress=lambda line: print(line, flush=True))
     print(format_table(rows, sweep))
     return 0

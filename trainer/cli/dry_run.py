@@ -32,6 +32,9 @@ def register(commands) -> None:
     parser.add_argument("--epoch", type=int, default=0, help="the epoch whose first steps run (e.g. SwAV's "
                         "queue_start_epoch)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="section.field=value")
+    parser.add_argument("--on-device", action="store_true", help="then run rank R's same step on this machine's "
+                        "GPU (real tensors, the same fake process group) and print its measured peak and host syncs "
+                        "beside the prediction (docs/dry_run.md)")
     parser.set_defaults(handler=_run_dry_run)
 
 
@@ -49,5 +52,11 @@ def _run_dry_run(args: argparse.Namespace) -> int:
         raise ValueError(str(error).replace("--num-classes", "--num-instances")) from None
     result = dry_run_job(config, num_instances, args.ranks, args.rank, args.compare, args.steps, args.epoch,
                          progress=lambda line: print(line, flush=True))
-    print(format_result(result, config, str(args.config)))
-    return 0 if result.clean else 1
+    print(format_result(result, config, str(args.config)), flush=True)
+    if not args.on_device:
+        return 0 if result.clean else 1
+    from trainer.dry_run.on_device import format_comparison, run_rank_on_device
+
+    measured = run_rank_on_device(config, num_instances, args.ranks, args.rank, args.steps, args.epoch)
+    print(format_comparison(result, measured))
+    return 0 if result.clean and measured.agrees() else 1

@@ -22,6 +22,8 @@ step still runs and its memory is an upper bound.
 from __future__ import annotations
 
 import traceback
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,3 +163,26 @@ class HostSyncRecorder(TorchDispatchMode):
         if kwargs.get("pin_memory") and isinstance(out, torch.Tensor):
             setattr(out, PINNED, True)
         return out
+
+
+@contextmanager
+def device_sync_sites():
+    """On a real GPU: CUDA's own sync debug mode over the block, each synchronizing call recorded, as
+    it warns, with the innermost source line outside torch that asked for it (the project's, or a
+    library's such as DeepSpeed's).  Yields the list the sites are appended to."""
+    import torch
+
+    sites: list[str] = []
+
+    def record(message, category, filename, lineno, file=None, line=None) -> None:
+        if "synchroniz" in str(message).lower():
+            sites.append(caller(also_skip=(warnings.__file__,)))  # the frames that deliver the warning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record  # called where the warning is raised: the stack is the sync's
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield sites
+        finally:
+            torch.cuda.set_sync_debug_mode("default")

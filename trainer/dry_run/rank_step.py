@@ -158,10 +158,39 @@ def restart_peak(memory: MemTracker) -> None:
     memory._peak_mem = {device: snapshot["Total"] for device, snapshot in memory._peak_mem_snap.items()}
 
 
+class _FakeDeviceProbe:
+    """What the dry run records around the steps on fake devices (see ``run_objective_steps``)."""
+
+    def __init__(self, syncs: HostSyncRecorder, memory: MemTracker, compiles: CompileRecorder, rank: int) -> None:
+        self.syncs, self.memory, self.compiles, self.rank = syncs, memory, compiles, rank
+
+    def setup_done(self, report: RankReport) -> None:
+        _count(self.syncs.syncs, report.setup_syncs)
+        report.setup_peak_bytes = _peak(self.memory, self.rank)
+        restart_peak(self.memory)
+
+    def step_started(self) -> None:
+        self.syncs.syncs.clear()
+        self.compiles.compilations = []
+        self.memory.reset_mod_stats()  # per-module figures are per call; the device peak carries on
+
+    def step_done(self, report: RankReport) -> None:
+        _count(self.syncs.syncs, report.step_syncs)
+        report.compilations.append(self.compiles.compilations)
+
+
 def _run(config: JobConfig, num_instances: int, rank: int, world_size: int, steps: int, epoch: int,
          syncs: HostSyncRecorder, memory: MemTracker, compiles: CompileRecorder, report: RankReport,
          sampled_ids: int | None = None) -> None:
-    dims = _fake_dims(config, world_size, rank)
+    run_objective_steps(config, _fake_dims(config, world_size, rank), num_instances, steps, epoch, report,
+                        _FakeDeviceProbe(syncs, memory, compiles, rank), sampled_ids)
+
+
+def run_objective_steps(config: JobConfig, dims: ParallelDims, num_instances: int, steps: int, epoch: int,
+                        report: RankReport, probe, sampled_ids: int | None = None) -> None:
+    """Build the job's objective on ``dims`` and run ``steps`` steps on stand-in head features;
+    ``probe`` (``setup_done``, ``step_started``, ``step_done``) records what it measures into ``report``
+    (fake devices here, a real GPU in ``dry_run.on_device``)."""
     inputs = _StepInputs(config, dims, num_instances, engine_dtype_of(config), sampled_ids)
     context = ObjectiveContext(
         dims=dims, num_instances=num_instances, feature_dim=config.model.feature_dim, seed=config.seed,
@@ -171,14 +200,10 @@ def _run(config: JobConfig, num_instances: int, rank: int, world_size: int, step
     )
     objective = build_objective(config.objective, context)
     objective.on_epoch_start(epoch)
-    _count(syncs.syncs, report.setup_syncs)
-    report.setup_peak_bytes = _peak(memory, rank)
-    restart_peak(memory)
+    probe.setup_done(report)
     first_epoch = epoch
     for index in range(steps):
-        syncs.syncs.clear()
-        compiles.compilations = []
-        memory.reset_mod_stats()  # per-module figures are per call; the device peak carries on
+        probe.step_started()
         step = inputs.step(first_epoch, index)
         if step.epoch != epoch:  # the steps rolled into the next epoch (a small N)
             epoch = step.epoch
@@ -192,5 +217,4 @@ def _run(config: JobConfig, num_instances: int, rank: int, world_size: int, step
         for optimizer in optimizers:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        _count(syncs.syncs, report.step_syncs)
-        report.compilations.append(compiles.compilations)
+        probe.step_done(report)

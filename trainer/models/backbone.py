@@ -13,6 +13,7 @@ import torch
 import torchvision
 from torch import nn
 
+from trainer.models.batch_norm_precision import accept_low_precision_parameters
 from trainer.parallel.batch_norm import BATCH_NORM_MODES
 
 ARCHITECTURES = ("resnet10", "resnet18", "resnet34", "resnet50", "resnet101")
@@ -109,4 +110,5 @@ def build_model(config: ModelConfig) -> InstanceModel:
         backbone.maxpool = nn.Identity()
     backbone_dim = backbone.fc.in_features
     backbone.fc = nn.Identity()
-    return InstanceModel(backbone, backbone_dim, config)
+    # BatchNorm that a bf16 DeepSpeed engine can run (bf16 parameters, fp32 statistics)
+    return accept_low_precision_parameters(InstanceModel(backbone, backbone_dim, config))

@@ -15,6 +15,18 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
+
+# torch 2.13 renamed the single-tensor collectives and deprecated the old names (a FutureWarning
+# each call); older torch (2.11 on the GPU machines that checked this, docs/gpu-results.md) has only
+# the old ones.  Same arguments, same semantics.
+def _all_gather_single(out: torch.Tensor, tensor: torch.Tensor, group) -> None:
+    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, tensor, group=group)
+
+
+def _reduce_scatter_single(out: torch.Tensor, tensor: torch.Tensor, group) -> None:
+    (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, tensor, group=group)
+
+
 Group = dist.ProcessGroup | None
 
 
@@ -90,7 +102,7 @@ def gather_rows(tensor: torch.Tensor, group: Group, timer: CommTimer | None = No
     tensor = tensor.contiguous()
     out = torch.empty((size * tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
     with _timed(timer, tensor):
-        dist.all_gather_single(out, tensor, group=group)
+        _all_gather_single(out, tensor, group=group)
     return out
 
 
@@ -103,7 +115,7 @@ def reduce_scatter_rows(tensor: torch.Tensor, group: Group, timer: CommTimer | N
     rows = tensor.shape[0] // size
     out = torch.empty((rows, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
     with _timed(timer, tensor):
-        dist.reduce_scatter_single(out, tensor, group=group)
+        _reduce_scatter_single(out, tensor, group=group)
     return out
 
 
