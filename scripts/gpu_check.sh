@@ -44,7 +44,7 @@ torch.version.cuda, 'triton', triton.__version__, torch.cuda.get_device_name(0))
 
 export -f env_facts
 export PY OUT
-ITEMS=${*:-env selftest classifier dry-run step sweep classifier-1m pytest}
+ITEMS=${*:-env fused selftest classifier dry-run step sweep classifier-1m pytest}
 for what in $ITEMS; do
     case $what in
     env) item 60 env bash -c env_facts ;;
@@ -54,7 +54,9 @@ for what in $ITEMS; do
         --json "$OUT/classifier-in21k-rank.json" ;;
     dry-run) item 200 "dry run vs device (in21k, rank 0 of 64)" $CLI dry-run --config configs/in21k_r50_64gpu.yaml \
         --ranks 64 --num-instances 14197122 --compare 0 --steps 4 --set objective.smoothing_alpha=0 --on-device ;;
-    step) for co2 in 0 0.3; do
+    fused) item 240 "fused kernels vs float64 on the GPU" env INSTCLS_TEST_GPU=1 $PY -m pytest -p no:cacheprovider \
+        -m gpu tests/unit/test_fused_kernel.py -q ;;
+    step) for co2 in ${STEP_CO2:-0 0.3}; do
         item 200 "bench step ResNet-50 co2_alpha=$co2" $CLI bench step --config configs/in21k_r50_64gpu.yaml \
             --ranks 1 --steps 15 --warmup 5 --image-size 160 --set data.loader.backend=torch \
             --set objective.co2_alpha=$co2 --json "$OUT/step-co2-$co2.json"

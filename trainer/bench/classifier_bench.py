@@ -25,6 +25,8 @@ from statistics import fmean
 import torch
 import torch.distributed as dist
 
+from trainer.bench.classifier_roofline import exp2_rate, roofline
+from trainer.bench.device_ceilings import copy_gb_per_s
 from trainer.bench.step_runner import FLOAT_DTYPES, FloatDtype, StepSpec, run_steps, synchronize
 from trainer.classifier.classifier_config import MODES
 from trainer.observability.memory import peak_since, reset_peak
@@ -89,23 +91,25 @@ class ClassifierBenchSettings:
         return 6 * self.rows_scored(mode) * self.classes_scored(mode) * self.dim
 
 
-def _step_spec(settings: ClassifierBenchSettings, mode: str, num_classes: int, steps: int, cache_bytes: int):
+def _step_spec(settings: ClassifierBenchSettings, mode: str, num_classes: int, steps: int, cache_bytes: int,
+               kernel: str):
     return StepSpec(num_classes=num_classes, batch=settings.batch, dim=settings.dim, chunk_size=settings.chunk_size,
                     mode=mode, logits_cache_bytes=cache_bytes, dtype=settings.dtype, steps=steps,
-                    warmup=settings.warmup)
+                    warmup=settings.warmup, kernel=kernel)
 
 
-def _worker(settings: ClassifierBenchSettings, mode: str, logits: str, result_path: str) -> None:
+def _worker(settings: ClassifierBenchSettings, mode: str, logits: str, kernel: str, result_path: str) -> None:
     dims = init_distributed()
     keep_freed_host_memory(dims.device)  # as training does (trainer.parallel.host_memory)
     device = dims.device
     cache_bytes = settings.cache_bytes(mode) if logits == "cache" else 0
     # A tiny run first loads everything the step touches once per process (optimizer internals,
     # collective buffers, kernels), so the measured peak is the classifier's own memory.
-    run_steps(_step_spec(settings, mode, max(settings.ranks, 16), 1, cache_bytes), dims)
+    run_steps(_step_spec(settings, mode, max(settings.ranks, 16), 1, cache_bytes, kernel), dims)
     matmul = _PlainMatmul(settings, device, getattr(torch, settings.dtype))
+    bandwidth = copy_gb_per_s(device, (1 << 30) if device.type == "cuda" else (128 << 20), repeats=5)
     baseline = reset_peak(device)
-    stats = run_steps(_step_spec(settings, mode, settings.num_classes, settings.steps, cache_bytes), dims,
+    stats = run_steps(_step_spec(settings, mode, settings.num_classes, settings.steps, cache_bytes, kernel), dims,
                       after_step=matmul.time_one)
     peak, peak_above_baseline = peak_since(device, baseline)
     result = dict(
@@ -115,6 +119,8 @@ def _worker(settings: ClassifierBenchSettings, mode: str, logits: str, result_pa
         peak_bytes=peak,
         peak_above_baseline_bytes=peak_above_baseline,
         matmul_gflops=matmul.gflops(),
+        copy_gb_per_s=bandwidth,
+        exp2_per_s=exp2_rate(device),
     )
     gathered: list[dict] = [None] * dims.world_size  # type: ignore[list-item]
     dist.all_gather_object(gathered, result)
@@ -146,22 +152,29 @@ class _PlainMatmul:
         return self.flops / fmean(self.seconds) / 1e9
 
 
-def run_variant(settings: ClassifierBenchSettings, mode: str, logits: str) -> list[dict]:
-    """Per-rank results of one (mode, logits) run in fresh processes."""
+def run_variant(settings: ClassifierBenchSettings, mode: str, logits: str, kernel: str = "chunked") -> list[dict]:
+    """Per-rank results of one (mode, logits, kernel) run in fresh processes."""
     with tempfile.TemporaryDirectory() as tmp:
         result_path = str(Path(tmp) / "result.json")
-        spawn_local_workers(_worker, settings.ranks, settings, mode, logits, result_path)
+        spawn_local_workers(_worker, settings.ranks, settings, mode, logits, kernel, result_path)
         return json.loads(Path(result_path).read_text())
 
 
-def summarize_run(settings: ClassifierBenchSettings, mode: str, logits: str, ranks: list[dict]) -> dict:
+def summarize_run(settings: ClassifierBenchSettings, mode: str, logits: str, ranks: list[dict],
+                  kernel: str = "chunked") -> dict:
     """One row: the worst rank for time and memory, the slowest rank's matmul as the roofline."""
     step_s = max(r["step_s"] for r in ranks)
     useful_gflops = settings.useful_flops(mode) / step_s / 1e9
     matmul_gflops = min(r["matmul_gflops"] for r in ranks)
+    floor = roofline(f"{kernel}/{logits}", settings.rows_scored(mode), settings.classes_scored(mode), settings.dim,
+                     torch.empty((), dtype=getattr(torch, settings.dtype)).element_size(), matmul_gflops,
+                     min(r["copy_gb_per_s"] for r in ranks), ranks[0]["exp2_per_s"])
     return dict(
         mode=mode,
         logits=logits,
+        kernel=kernel,
+        roofline=floor,
+        over_roofline=step_s / floor["seconds"],
         cache_bytes=settings.cache_bytes(mode) if logits == "cache" else 0,
         step_s=step_s,
         weight_grad_sync_s=max(r["weight_grad_sync_s"] for r in ranks),
@@ -174,7 +187,8 @@ def summarize_run(settings: ClassifierBenchSettings, mode: str, logits: str, ran
 
 
 def summarize(settings: ClassifierBenchSettings, runs: list[dict]) -> dict:
-    by_key = {(run["mode"], run["logits"]): run for run in runs}
+    by_key = {(run["mode"], run["logits"]): run for run in runs if run["kernel"] == "chunked"}
+    fused = {run["mode"]: run for run in runs if run["kernel"] == "fused"}
     return dict(
         settings=asdict(settings),
         device="cuda" if torch.cuda.is_available() else "cpu",
@@ -185,6 +199,7 @@ def summarize(settings: ClassifierBenchSettings, runs: list[dict]) -> dict:
             logits: by_key["ddp", logits]["peak_above_baseline_mib"] / by_key["dhp", logits]["peak_above_baseline_mib"]
             for logits in LOGITS
         },
+        fused_speedup={mode: by_key[mode, "recompute"]["step_s"] / run["step_s"] for mode, run in fused.items()},
     )
 
 
@@ -197,21 +212,32 @@ def format_report(summary: dict) -> str:
         f"(mean of {s['steps']} steps after {s['warmup']} warm-up; worst rank)",
         f"useful work per rank and step: 6*B*D*N/T = {summary['useful_flops_per_rank'] / 1e9:.1f} GFLOP; "
         f"logits cache: {cache_mib:.0f} MiB per rank",
-        f"{'mode':<6}{'logits':<11}{'step s':>8}{'W-grad sync s':>15}{'peak MiB':>10}{'peak-base MiB':>15}"
-        f"{'useful GFLOP/s':>16}{'matmul GFLOP/s':>16}{'useful/matmul':>15}",
+        f"{'kernel':<8}{'mode':<6}{'logits':<11}{'step s':>8}{'W-grad sync s':>15}{'peak MiB':>10}"
+        f"{'peak-base MiB':>15}{'useful GFLOP/s':>16}{'matmul GFLOP/s':>16}{'useful/matmul':>15}"
+        f"{'roofline s':>12}{'bound':>8}{'x roofline':>12}",
     ]
     for run in summary["runs"]:
         lines.append(
-            f"{run['mode']:<6}{run['logits']:<11}{run['step_s']:>8.3f}{run['weight_grad_sync_s']:>15.3f}"
-            f"{run['peak_mib']:>10.0f}{run['peak_above_baseline_mib']:>15.0f}{run['useful_gflops_per_rank']:>16.1f}"
-            f"{run['matmul_gflops_per_rank']:>16.1f}{100 * run['useful_fraction_of_matmul']:>14.0f}%"
+            f"{run['kernel']:<8}{run['mode']:<6}{run['logits']:<11}{run['step_s']:>8.4f}"
+            f"{run['weight_grad_sync_s']:>15.3f}{run['peak_mib']:>10.0f}{run['peak_above_baseline_mib']:>15.0f}"
+            f"{run['useful_gflops_per_rank']:>16.1f}{run['matmul_gflops_per_rank']:>16.1f}"
+            f"{100 * run['useful_fraction_of_matmul']:>14.0f}%{run['roofline']['seconds']:>12.4f}"
+            f"{run['roofline']['bound']:>8}{run['over_roofline']:>11.2f}x"
         )
     speedup, memory = summary["dhp_speedup"], summary["ddp_over_dhp_memory"]
     lines += [
-        "(GFLOP/s are per rank; matmul: a plain [B,D]x[D,N/T] torch.mm in the same processes)",
+        "(GFLOP/s are per rank; matmul: a plain [B,D]x[D,N/T] torch.mm in the same processes; roofline: the largest "
+        "of the path's matmuls at that rate, its exp2 at the special-function units' rate and its bytes at the "
+        "copy bandwidth measured in the same processes, trainer/bench/classifier_roofline.py)",
         f"DHP speed-up over DDP:            {speedup['recompute']:.2f}x recompute, {speedup['cache']:.2f}x cache",
         f"DDP / DHP memory (peak-base):     {memory['recompute']:.2f}x recompute, {memory['cache']:.2f}x cache",
     ]
+    if summary["fused_speedup"]:
+        lines.append("fused over chunked (recompute):   " + ", ".join(
+            f"{ratio:.2f}x {mode}" for mode, ratio in summary["fused_speedup"].items()))
+    else:
+        lines.append("fused kernel: not run (it needs a CUDA device; on CPUs it runs under Triton's interpreter in "
+                     "the tests)")
     return "\n".join(lines)
 
 
@@ -221,6 +247,9 @@ def run(settings: ClassifierBenchSettings) -> dict:
     if torch.cuda.is_available() and torch.cuda.device_count() < settings.ranks:
         raise ValueError(f"--ranks {settings.ranks} needs that many GPUs; this machine has "
                          f"{torch.cuda.device_count()}")
-    runs = [summarize_run(settings, mode, logits, run_variant(settings, mode, logits))
-            for mode in MODES for logits in LOGITS]
+    variants = [(mode, logits, "chunked") for mode in MODES for logits in LOGITS]
+    if torch.cuda.is_available():  # the fused kernels keep no logits: no cache variant
+        variants += [(mode, "recompute", "fused") for mode in MODES]
+    runs = [summarize_run(settings, mode, logits, run_variant(settings, mode, logits, kernel), kernel)
+            for mode, logits, kernel in variants]
     return summarize(settings, runs)

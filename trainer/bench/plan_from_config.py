@@ -42,5 +42,7 @@ def plan_input_from_config(config: JobConfig, ranks: int, num_classes: int | Non
         device="cpu" if config.parallel.device == "cpu" else "gpu",
         queue=getattr(objective, "queue_size", 65536), row_store=getattr(objective, "row_store", "host"),
         co2=getattr(objective, "co2_alpha", 0.0) > 0, dali=loader.backend == "dali",
-        dali_prefetch=loader.prefetch_depth, **settings,
+        dali_prefetch=loader.prefetch_depth, kernel=getattr(objective, "kernel", "auto"),
+        targets=1 + (getattr(objective, "top_k", 0) if getattr(objective, "smoothing_alpha", 0.0) > 0 else 0),
+        **settings,
     )

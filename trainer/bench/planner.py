@@ -62,6 +62,13 @@ class PlanInput:
     fp32_gradients: bool = False  # bf16 backbone, gradients reduced and kept in fp32 (ds_configs/*_bf16.json)
     dali: bool = True  # GPU decoding and augmentation with DALI (its buffers on the device)
     dali_prefetch: int = DALI_PREFETCH_DEPTH  # batches DALI prepares ahead (data.loader.prefetch_depth)
+    kernel: str = "auto"  # the classifier's path: auto = fused on GPUs without CO2, chunked otherwise
+    targets: int = 1  # target rows per sample: the instance, plus K hard negatives with top-K smoothing
+
+    @property
+    def fused(self) -> bool:
+        """Whether the classifier runs the fused kernels (``KernelSettings.resolved_implementation``)."""
+        return self.kernel == "fused" or (self.kernel == "auto" and self.device == "gpu" and not self.co2)
 
     def __post_init__(self) -> None:
         if self.mode not in ("ddp", "dhp", "pic"):
@@ -85,6 +92,27 @@ def co2_scratch(plan: PlanInput, scored: int, chunk: int) -> int:
     return scored * chunk * 4 if plan.co2 else 0
 
 
+def fused_workspace(plan: PlanInput, scored: int, rows: int, row_buffer: bool) -> int:
+    """The fused path's buffers (``trainer.classifier.kernel.fused``): no logits anywhere, only
+    per-sample partial sums and feature-gradient partials over ``FUSED_SPLITS`` programs per
+    feature block, the scored rows' norms, one column group of gathered target rows (three fp32
+    temporaries), the features' gradient, and a chunk of rows' gradient where it cannot be written
+    in place (in-backward SGD, sampled rows)."""
+    from trainer.classifier.kernel.fused import FUSED_SPLITS_ON_FAKE_DEVICES, TARGET_COLUMNS_PER_PASS
+
+    splits, padded_dim = FUSED_SPLITS_ON_FAKE_DEVICES, max(16, 1 << (plan.dim - 1).bit_length())
+    workspace = rows * 4 + splits * scored * (4 + padded_dim * 4)
+    workspace += 3 * scored * min(TARGET_COLUMNS_PER_PASS, plan.targets) * plan.dim * 4 + scored * plan.dim * 4
+    if row_buffer:
+        workspace += (min(plan.chunk_size, rows) + 1) * plan.dim * 4
+    return workspace
+
+
+def _chunk_workspace(plan: PlanInput, scored: int, chunk: int) -> int:
+    workspace = scored * chunk * (4 + (_element_size(plan.dtype) if plan.dtype != "float32" else 0))
+    return workspace + 2 * chunk * plan.dim * 4 + chunk * 4 + scored * plan.dim * (4 + _element_size(plan.dtype))
+
+
 def pic_breakdown(plan: PlanInput) -> dict[str, int]:
     """PIC: a step scores the batch's ids plus K recent ids, about (K + batch) / T rows per rank
     (fewer when ids repeat), fetched with their momentum; the leaf the kernel differentiates shares
@@ -95,13 +123,13 @@ def pic_breakdown(plan: PlanInput) -> dict[str, int]:
     on_device = plan.row_store == "device"
     scored = plan.batch * plan.views
     chunk = min(plan.chunk_size, sampled)
-    workspace = scored * chunk * (4 + (_element_size(plan.dtype) if plan.dtype != "float32" else 0))
-    workspace += 2 * chunk * plan.dim * 4 + chunk * 4 + scored * plan.dim * (4 + _element_size(plan.dtype))
+    fused = plan.fused
     return {
         "classifier weights": shard if on_device else 0,
         "classifier momentum": shard if on_device and plan.momentum else 0,
         "sampled rows (W, momentum, gradient)": 3 * sampled * plan.dim * 4,
-        "logits/activations (chunk workspace)": workspace,
+        "logits/activations (chunk workspace)": 0 if fused else _chunk_workspace(plan, scored, chunk),
+        "fused kernel buffers": fused_workspace(plan, scored, sampled, row_buffer=True) if fused else 0,
         "CO2 term (chunk scratch)": co2_scratch(plan, scored, chunk),
     }
 
@@ -113,16 +141,15 @@ def classifier_breakdown(plan: PlanInput) -> dict[str, int]:
     scored = plan.batch * plan.views // plan.ranks * (1 if plan.mode == "ddp" else plan.ranks)
     chunk = min(plan.chunk_size, rows)
     shard = rows * plan.dim * 4
-    low_precision = plan.dtype != "float32"
-    workspace = scored * chunk * (4 + (_element_size(plan.dtype) if low_precision else 0)) + 2 * chunk * plan.dim * 4
-    workspace += chunk * 4 + scored * plan.dim * (4 + _element_size(plan.dtype))  # norms, gathered features + grad
+    fused = plan.fused
     cache = LogitsCache.size_bytes(scored, rows)
-    cached = cache <= plan.logits_cache_bytes
+    cached = not fused and cache <= plan.logits_cache_bytes  # the fused path keeps no logits
     return {
         "classifier weights": shard,
         "classifier gradients": 0 if plan.update_in_backward else shard,
         "classifier momentum": shard if plan.momentum else 0,
-        "logits/activations (chunk workspace)": workspace,
+        "logits/activations (chunk workspace)": 0 if fused else _chunk_workspace(plan, scored, chunk),
+        "fused kernel buffers": fused_workspace(plan, scored, rows, row_buffer=plan.update_in_backward) if fused else 0,
         "logits cache": cache if cached else 0,
         "CO2 term (chunk scratch)": co2_scratch(plan, scored, chunk),
     }

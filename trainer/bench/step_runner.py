@@ -38,6 +38,7 @@ class StepSpec:
     update_in_backward: bool = False  # DHP only: W's gradient never exists in full
     backbone: str | None = None  # e.g. "resnet18": add its forward/backward on random images
     image_size: int = 64
+    kernel: str = "auto"  # the classifier's path (KernelSettings.implementation)
 
 
 @dataclass
@@ -60,7 +61,8 @@ def run_steps(spec: StepSpec, dims: ParallelDims, after_step: Callable[[], None]
     local_batch = spec.batch // dims.world_size
     classifier = ShardedCosineClassifier(
         ClassifierConfig(num_classes=spec.num_classes, feature_dim=spec.dim, chunk_size=spec.chunk_size,
-                         mode=spec.mode, logits_cache_bytes=spec.logits_cache_bytes, validate_inputs=False),
+                         mode=spec.mode, logits_cache_bytes=spec.logits_cache_bytes, validate_inputs=False,
+                         kernel=spec.kernel),
         dims,
     )
     if spec.update_in_backward:

@@ -12,9 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
+import torch
+
 from data_pipeline.contract import ViewLayout
 from trainer.checks import raise_first_invalid
-from trainer.classifier.kernel.chunked import MAX_ABS_LOGIT, KernelSettings
+from trainer.classifier.kernel.chunked import IMPLEMENTATIONS, MAX_ABS_LOGIT, KernelSettings
 from trainer.classifier.kernel.losses import SmoothingForm
 from trainer.classifier.terms import active_term
 from trainer.classifier.terms.chunk_term import ChunkTerm
@@ -37,6 +39,8 @@ class HeadSettings:
         distributions over the other rows (``trainer.classifier.terms.co2``); 0 is off, CO2's
         MoCo v2 setting is 0.3.  Needs at least two global views per image.
     co2_temperature: tau_con of that term (CO2's MoCo v2 setting: 0.05).
+    kernel: "auto" (the fused Triton kernels on GPUs, the chunked loop on CPUs and whenever a term
+        such as CO2 rides along), or "chunked" / "fused" to force one (docs/benchmarks.md).
     """
 
     temperature: float = 0.15
@@ -44,6 +48,7 @@ class HeadSettings:
     init_std: float = 0.01
     co2_alpha: float = 0.0
     co2_temperature: float = 0.05
+    kernel: str = "auto"
 
     USUAL_TEMPERATURE: ClassVar[str] = "paper: 0.15"  # named in the fix of a bad temperature
 
@@ -59,10 +64,23 @@ class HeadSettings:
             (self.co2_alpha >= 0, "co2_alpha", "use alpha >= 0 (0: off; CO2's MoCo v2 setting: 0.3)"),
             (self.co2_temperature >= 1 / MAX_ABS_LOGIT, "co2_temperature",
              _temperature_fix("CO2's MoCo v2 setting: 0.05")),
+            (self.kernel in IMPLEMENTATIONS, "kernel", f"choose one of {IMPLEMENTATIONS} (auto: fused on GPUs)"),
+            (not (self.kernel == "fused" and self.co2_alpha > 0), "kernel",
+             "use kernel: auto or chunked with co2_alpha > 0 (CO2's term runs in the chunked loop)"),
         ]
 
     def kernel_settings(self) -> KernelSettings:
-        return KernelSettings(temperature=self.temperature, chunk_size=self.chunk_size)
+        return KernelSettings(temperature=self.temperature, chunk_size=self.chunk_size, implementation=self.kernel)
+
+    def kernel_choice(self, views: ViewLayout, device: torch.device) -> str:
+        """The start-up line's words for the path the classifier runs on ``device``, and why."""
+        has_term = self.term(views) is not None
+        path = self.kernel_settings().resolved_implementation(device, has_term)
+        if path == "fused":
+            return "classifier kernel: fused (Triton; logits stay on the chip)"
+        why = ("kernel: chunked" if self.kernel == "chunked" else "CO2's term runs in it" if has_term
+               else f"{device.type} tensors")
+        return f"classifier kernel: chunked ({why})"
 
     def term(self, views: ViewLayout) -> ChunkTerm | None:
         """The per-sample term fused into the kernel for a batch of these views (None: none): the
@@ -102,7 +120,7 @@ class ClassifierSettings(HeadSettings):
 
     def kernel_settings(self) -> KernelSettings:
         return KernelSettings(temperature=self.temperature, chunk_size=self.chunk_size, form=self.smoothing_form,
-                              logits_cache_bytes=self.logits_cache_bytes)
+                              logits_cache_bytes=self.logits_cache_bytes, implementation=self.kernel)
 
 
 @dataclass(frozen=True)

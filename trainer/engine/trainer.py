@@ -30,6 +30,7 @@ from trainer.checkpoint.components import FieldsState, load_checkpoint
 from trainer.checkpoint.engine_state import EngineState
 from trainer.checkpoint.rng_state import RngState, reseed
 from trainer.checkpoint.run_fingerprint import refuse_another_jobs_checkpoint, run_fingerprint
+from trainer.classifier.classifier_config import HeadSettings
 from trainer.config import JobConfig
 from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, load_deepspeed_config
 from trainer.engine.replicated_state import OneNetwork
@@ -186,7 +187,9 @@ class Trainer:
         self.engine.train()  # the objective's start-up pass (e.g. the contrastive prior) sees train-mode BatchNorm
         start = time.perf_counter()
         self.objective.on_train_start(self._encode, self._inference_batches)
-        self._say(f"objective {config.objective.name} ready in {time.perf_counter() - start:.1f}s")
+        kernel = (f"; {config.objective.kernel_choice(config.data.loader.view_layout, self.dims.device)}"
+                  if isinstance(config.objective, HeadSettings) else "")
+        self._say(f"objective {config.objective.name} ready in {time.perf_counter() - start:.1f}s{kernel}")
         stopped_by = "finished"
         try:
             while state.epoch < config.optim.epochs:

@@ -40,6 +40,7 @@ from trainer.classifier.kernel.scored_rows import ScoredRows
 from trainer.classifier.terms.chunk_term import ChunkTerm, KernelPass
 from trainer.parallel.collectives import CommTimer, Group, group_size
 
+IMPLEMENTATIONS = ("auto", "chunked", "fused")
 MAX_ABS_LOGIT = 50.0  # exp(+-50) and N * exp(50) stay far inside fp32's normal range
 LOG2_E = math.log2(math.e)
 
@@ -53,6 +54,9 @@ class KernelSettings:
     # The weight's rows are sampled afresh each step (PIC's working rows), so the number of rows
     # changes from step to step: a fused term pads its chunks to a few sizes rather than recompile.
     rows_vary: bool = False
+    # "auto": the fused Triton kernels (``fused``) for CUDA tensors without a term, the chunked
+    # loop otherwise; "chunked" or "fused" force one (fused on CPU tensors needs TRITON_INTERPRET=1).
+    implementation: str = "auto"
 
     def __post_init__(self) -> None:
         if not 1.0 / MAX_ABS_LOGIT <= self.temperature:
@@ -62,6 +66,17 @@ class KernelSettings:
             raise ValueError(f"chunk_size={self.chunk_size} must be >= 1, logits_cache_bytes="
                              f"{self.logits_cache_bytes} >= 0")
         SmoothingForm(self.form)  # raises on an unknown form
+        if self.implementation not in IMPLEMENTATIONS:
+            raise ValueError(f"implementation={self.implementation!r}: choose one of {IMPLEMENTATIONS}")
+
+    def resolved_implementation(self, device: torch.device, has_term: bool) -> str:
+        """Which path runs for tensors on ``device``: fused on CUDA unless a term rides along."""
+        if self.implementation == "fused" and has_term:
+            raise ValueError("implementation=fused cannot carry a term (CO2): its term reads every logit in the "
+                             "chunked loop; use implementation=auto or chunked")
+        if self.implementation != "auto":
+            return self.implementation
+        return "fused" if device.type == "cuda" and not has_term else "chunked"
 
 
 def sharded_cosine_ce(features, weight, target_cols, target_weights, settings: KernelSettings, group,
@@ -97,6 +112,12 @@ def sharded_cosine_ce_with_term(features, weight, target_cols, target_weights, s
 
 def _apply(features, weight, target_cols, target_weights, settings, group, timer, rows, update_in_backward, term):
     scored = ScoredRows(rows, weight.shape[0])
+    if settings.resolved_implementation(features.device, term is not None) == "fused":
+        from trainer.classifier.kernel.fused import FusedShardedCosineCE
+
+        loss = FusedShardedCosineCE.apply(features, weight, target_cols, target_weights, settings, group, timer,
+                                          scored, update_in_backward)
+        return loss, loss.new_zeros(0)
     # Without a backward to come (no_grad, frozen inputs) a cache would only cost memory.
     backward_expected = torch.is_grad_enabled() and (features.requires_grad or weight.requires_grad)
     cache_budget = settings.logits_cache_bytes if backward_expected else 0
@@ -120,7 +141,7 @@ class _TargetsByChunk:
         return (self.row if rows == self.chunk_size else self.row.clamp(max=rows - 1)), inside
 
 
-def _scales(settings: KernelSettings, dtype: torch.dtype) -> tuple[float, float]:
+def scales(settings: KernelSettings, dtype: torch.dtype) -> tuple[float, float]:
     """``(feature scale, weight scale)``, whose product ``log2(e)/tau`` turns cosines into base-2
     logits.  fp32 features take it all, once per pass.  Half-precision features are left exactly
     as given (rounding ``x log2(e)/tau`` again to bf16 would cost as much precision as the fp32
@@ -154,7 +175,7 @@ def _forward_chunks(scaled_features, weight, scored: ScoredRows, target_cols, se
     cache = _cache_for(cache_budget, batch, scored, device)
     workspace = ChunkWorkspace(batch, min(settings.chunk_size, scored.count), weight.shape[1], scaled_features.dtype,
                                device, gathers_rows=scored.indices is not None,
-                               weight_scale=_scales(settings, scaled_features.dtype)[1])
+                               weight_scale=scales(settings, scaled_features.dtype)[1])
     targets = _TargetsByChunk(target_cols, settings.chunk_size)
     term_pass = None if term is None else term.start_forward(_kernel_pass(batch, ranks, scored, targets, settings))
     for start, end in scored.chunks(settings.chunk_size):
@@ -176,8 +197,8 @@ class _ShardedCosineCE(torch.autograd.Function):
                 timer: CommTimer | None, scored: ScoredRows, update_in_backward, cache_budget: int,
                 term: ChunkTerm | None):
         # log2(e)/tau is folded into fp32 features once instead of scaling every chunk's logits
-        # (half-precision features stay as given, see _scales).
-        feature_scale = _scales(settings, features.dtype)[0]
+        # (half-precision features stay as given, see scales).
+        feature_scale = scales(settings, features.dtype)[0]
         scaled_features = features * feature_scale if feature_scale != 1.0 else features
         ranks = group_size(group)
         sum_exp, target_logits_base2, cache, term_pass = _forward_chunks(
@@ -236,7 +257,7 @@ def _backward_chunks(scaled_features, weight, target_cols, row_scale, log_normal
     if update is None:
         covers_all = scored.indices is None and scored.count == weight.shape[0]
         grad_weight = torch.empty_like(weight) if covers_all else torch.zeros_like(weight)
-    feature_scale, weight_scale = _scales(settings, scaled_features.dtype)
+    feature_scale, weight_scale = scales(settings, scaled_features.dtype)
     workspace = ChunkWorkspace(
         batch,
         min(settings.chunk_size, scored.count),

@@ -1,0 +1,61 @@
+"""The fused Triton classifier kernels, run by Triton's interpreter on CPU tensors against the float64
+reference (each check in a process of its own: ``tests/helpers/fused_kernel_checks.py`` says why),
+and which path runs where."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.helpers.training import REPO
+from trainer.classifier.kernel.chunked import KernelSettings
+
+# Not imported from the checks' module: importing it sets TRITON_INTERPRET in this process.
+CHECKS = ("every_case_on_one_rank", "padding_and_negative_weights", "in_backward_sgd", "deterministic_repeats",
+          "two_gloo_ranks")
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_the_fused_kernels_match_the_float64_reference(check):
+    result = subprocess.run([sys.executable, "-m", "tests.helpers.fused_kernel_checks", check], cwd=REPO,
+                            env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"{check}: passed" in result.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("check", CHECKS[:4])  # gloo's collectives take CPU tensors: two ranks run on CPUs only
+def test_the_compiled_kernels_match_the_float64_reference_on_a_gpu(check):
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-m", "tests.helpers.fused_kernel_checks", check], cwd=REPO,
+                            env={**env, "INSTCLS_FUSED_DEVICE": "cuda"}, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"{check}: passed" in result.stdout
+
+
+def test_cuda_runs_the_fused_path_unless_a_term_rides_along():
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    auto = KernelSettings()
+    assert auto.resolved_implementation(cuda, has_term=False) == "fused"
+    assert auto.resolved_implementation(cuda, has_term=True) == "chunked"  # CO2 keeps the chunked loop
+    assert auto.resolved_implementation(cpu, has_term=False) == "chunked"
+    assert KernelSettings(implementation="chunked").resolved_implementation(cuda, has_term=False) == "chunked"
+    assert KernelSettings(implementation="fused").resolved_implementation(cpu, has_term=False) == "fused"
+    with pytest.raises(ValueError, match="cannot carry a term"):
+        KernelSettings(implementation="fused").resolved_implementation(cuda, has_term=True)
+    with pytest.raises(ValueError, match="choose one of"):
+        KernelSettings(implementation="triton")
+
+
+def test_the_start_up_line_names_the_path_and_why():
+    from data_pipeline.contract import ViewLayout
+    from trainer.classifier.classifier_config import ClassifierSettings
+
+    two_views, cuda = ViewLayout.single(), torch.device("cuda", 0)
+    assert "fused (Triton" in ClassifierSettings().kernel_choice(two_views, cuda)
+    assert "chunked (cpu tensors)" in ClassifierSettings().kernel_choice(two_views, torch.device("cpu"))
+    assert "chunked (kernel: chunked)" in ClassifierSettings(kernel="chunked").kernel_choice(two_views, cuda)
