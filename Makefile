@@ -44,7 +44,7 @@ test-gpu: $(INSTALLED)
 # whatever was carried on PYTHONPATH, nothing installed; only the files that hold GPU tests are collected
 # (the others import what such a machine may lack: DALI, jsonschema).
 test-gpu-offline:
-	INSTCLS_TEST_GPU=1 $(PYTHON) -m pytest -m gpu -p no:cacheprovider $$(grep -rl "mark.gpu" tests --include='test_*.py')
+	INSTCLS_TEST_GPU=1 $(PYTHON) -m pytest -m gpu -p no:cacheprovider $$(grep -rl "mark.gpu" tests/unit tests/integration --include='test_*.py')
 
 # Everything a GPU machine can show, in one prepared run with wheels carried in .whl/ (docs/gpu-results.md).
 gpu-check:

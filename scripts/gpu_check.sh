@@ -11,6 +11,7 @@ PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 LOG=$OUT/gpu-check.log
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+# The autotuner's timing runs allocate: memory comparisons (dry run, tests) take each kernel's first config.
 
 if ls .whl/*.whl >/dev/null 2>&1; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -52,10 +53,10 @@ for what in $ITEMS; do
     classifier) item 150 "bench classifier N=$IN21K_RANK_ROWS" $CLI bench classifier --ranks 1 \
         --num-classes $IN21K_RANK_ROWS --batch $FEATURES --dim 128 --dtype bfloat16 --steps 10 --warmup 2 \
         --json "$OUT/classifier-in21k-rank.json" ;;
-    dry-run) item 200 "dry run vs device (in21k, rank 0 of 64)" $CLI dry-run --config configs/in21k_r50_64gpu.yaml \
+    dry-run) item 200 "dry run vs device (in21k, rank 0 of 64)" env INSTCLS_FUSED_AUTOTUNE=0 $CLI dry-run --config configs/in21k_r50_64gpu.yaml \
         --ranks 64 --num-instances 14197122 --compare 0 --steps 4 --set objective.smoothing_alpha=0 --on-device ;;
     fused) item 240 "fused kernels vs float64 on the GPU" env INSTCLS_TEST_GPU=1 $PY -m pytest -p no:cacheprovider \
-        -m gpu tests/unit/test_fused_kernel.py -q ;;
+        -m gpu tests/unit/test_fused_kernel.py -q -rA ;;
     step) for co2 in ${STEP_CO2:-0 0.3}; do
         item 200 "bench step ResNet-50 co2_alpha=$co2" $CLI bench step --config configs/in21k_r50_64gpu.yaml \
             --ranks 1 --steps 15 --warmup 5 --image-size 160 --set data.loader.backend=torch \
@@ -65,7 +66,7 @@ for what in $ITEMS; do
         --fake-devices 32 --on-device ;;
     classifier-1m) item 150 "bench classifier N=1000000" $CLI bench classifier --ranks 1 --num-classes 1000000 \
         --batch $FEATURES --dim 128 --dtype bfloat16 --steps 10 --warmup 2 --json "$OUT/classifier-1m.json" ;;
-    pytest) item 300 "make test-gpu-offline" make test-gpu-offline PYTHON="$PY" ;;
+    pytest) item 300 "make test-gpu-offline" env INSTCLS_FUSED_AUTOTUNE=0 make test-gpu-offline PYTHON="$PY" ;;
     *) echo "unknown item $what" | tee -a "$LOG" ;;
     esac
 done

@@ -26,12 +26,12 @@ saves the max pass and the rescaling of every chunk.  The matmuls produce base-2
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import partial
 
 import torch
 
+from trainer.classifier.kernel.base2_logits import LOG2_E, scales
 from trainer.classifier.kernel.chunk_workspace import ChunkWorkspace, LogitsCache
 from trainer.classifier.kernel.losses import LOG_NORMALIZER, LOSS_FORMS, SmoothingForm, Targets
 from trainer.classifier.kernel.reductions import SampleColumns, reduce_over_ranks
@@ -42,7 +42,6 @@ from trainer.parallel.collectives import CommTimer, Group, group_size
 
 IMPLEMENTATIONS = ("auto", "chunked", "fused")
 MAX_ABS_LOGIT = 50.0  # exp(+-50) and N * exp(50) stay far inside fp32's normal range
-LOG2_E = math.log2(math.e)
 
 
 @dataclass(frozen=True)
@@ -141,16 +140,6 @@ class _TargetsByChunk:
         return (self.row if rows == self.chunk_size else self.row.clamp(max=rows - 1)), inside
 
 
-def scales(settings: KernelSettings, dtype: torch.dtype) -> tuple[float, float]:
-    """``(feature scale, weight scale)``, whose product ``log2(e)/tau`` turns cosines into base-2
-    logits.  fp32 features take it all, once per pass.  Half-precision features are left exactly
-    as given (rounding ``x log2(e)/tau`` again to bf16 would cost as much precision as the fp32
-    matmul output saves): the scale rides on the weight rows' rounding to the half dtype, which
-    each chunk does anyway (``trainer.classifier.kernel.half_matmul``)."""
-    scale = LOG2_E / settings.temperature
-    return (scale, 1.0) if dtype == torch.float32 else (1.0, scale)
-
-
 def _cache_for(cache_budget: int, batch: int, scored: ScoredRows, device) -> LogitsCache | None:
     if 0 < LogitsCache.size_bytes(batch, scored.count) <= cache_budget:
         return LogitsCache(batch, scored.count, device)
@@ -175,7 +164,7 @@ def _forward_chunks(scaled_features, weight, scored: ScoredRows, target_cols, se
     cache = _cache_for(cache_budget, batch, scored, device)
     workspace = ChunkWorkspace(batch, min(settings.chunk_size, scored.count), weight.shape[1], scaled_features.dtype,
                                device, gathers_rows=scored.indices is not None,
-                               weight_scale=scales(settings, scaled_features.dtype)[1])
+                               weight_scale=scales(settings.temperature, scaled_features.dtype)[1])
     targets = _TargetsByChunk(target_cols, settings.chunk_size)
     term_pass = None if term is None else term.start_forward(_kernel_pass(batch, ranks, scored, targets, settings))
     for start, end in scored.chunks(settings.chunk_size):
@@ -198,7 +187,7 @@ class _ShardedCosineCE(torch.autograd.Function):
                 term: ChunkTerm | None):
         # log2(e)/tau is folded into fp32 features once instead of scaling every chunk's logits
         # (half-precision features stay as given, see scales).
-        feature_scale = scales(settings, features.dtype)[0]
+        feature_scale = scales(settings.temperature, features.dtype)[0]
         scaled_features = features * feature_scale if feature_scale != 1.0 else features
         ranks = group_size(group)
         sum_exp, target_logits_base2, cache, term_pass = _forward_chunks(
@@ -257,7 +246,7 @@ def _backward_chunks(scaled_features, weight, target_cols, row_scale, log_normal
     if update is None:
         covers_all = scored.indices is None and scored.count == weight.shape[0]
         grad_weight = torch.empty_like(weight) if covers_all else torch.zeros_like(weight)
-    feature_scale, weight_scale = scales(settings, scaled_features.dtype)
+    feature_scale, weight_scale = scales(settings.temperature, scaled_features.dtype)
     workspace = ChunkWorkspace(
         batch,
         min(settings.chunk_size, scored.count),

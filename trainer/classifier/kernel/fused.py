@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from trainer.classifier.kernel import fused_ops  # noqa: F401  (registers the instcls:: ops)
+from trainer.classifier.kernel.base2_logits import LOG2_E, scales
 from trainer.classifier.kernel.chunk_workspace import NORM_EPS
 from trainer.classifier.kernel.losses import LOG_NORMALIZER, LOSS_FORMS, SmoothingForm, Targets
 from trainer.classifier.kernel.reductions import SampleColumns, reduce_over_ranks
@@ -87,9 +88,7 @@ class FusedShardedCosineCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, features, weight, target_cols, target_weights, settings, group, timer, scored: ScoredRows,
                 update_in_backward):
-        from trainer.classifier.kernel.chunked import LOG2_E, scales
-
-        feature_scale, weight_scale = scales(settings, features.dtype)
+        feature_scale, weight_scale = scales(settings.temperature, features.dtype)
         scaled = (features * feature_scale if feature_scale != 1.0 else features).contiguous()
         weight = weight.detach()
         if weight.stride(1) != 1:
@@ -114,8 +113,6 @@ class FusedShardedCosineCE(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss):
-        from trainer.classifier.kernel.chunked import LOG2_E
-
         scaled, weight, target_cols, inv_norm, softmax_scale, log_normalizer, target_coef = ctx.saved_tensors
         rows: _Rows = ctx.rows
         rows.inv_norm = inv_norm

@@ -34,6 +34,9 @@ import triton
 import triton.language as tl
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# INSTCLS_FUSED_AUTOTUNE=0: every launch takes each kernel's first config (no compile of the other
+# candidates: the GPU tests check numbers, not speed).
+AUTOTUNE = os.environ.get("INSTCLS_FUSED_AUTOTUNE", "1") != "0"
 
 
 def _configs(*shapes: tuple[int, int, int, int]) -> list[triton.Config]:
@@ -46,12 +49,15 @@ def _configs(*shapes: tuple[int, int, int, int]) -> list[triton.Config]:
 
 
 # (BLOCK_B, BLOCK_N, warps, stages) with D = 128 and bf16 operands that compile for sm_90 without a
-# register spill (ptxas -v, no GPU needed); fp32 operands take the same candidates, and those that
-# exceed shared memory are skipped by the autotuner.
+# register spill (ptxas -v, no GPU needed).  fp32 operands take the same candidates; those beyond
+# the 227 KB of shared memory are skipped by the autotuner.  The first of each list is what runs
+# untuned (deterministic runs, INSTCLS_FUSED_AUTOTUNE=0): it fits with fp32 operands too.
 _SUM_EXP_CONFIGS = _configs((128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 8, 2), (64, 64, 4, 3))
-_GRAD_FEATURES_CONFIGS = _configs((128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 2), (64, 32, 4, 3), (64, 64, 4, 2))
-_GRAD_ROWS_CONFIGS = _configs((128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 2), (64, 32, 4, 3))
-_KEY = ["D", "HAS_ROWS", "DOT"]
+_GRAD_FEATURES_CONFIGS = _configs((128, 32, 8, 2), (128, 64, 8, 2), (128, 64, 8, 3), (64, 32, 4, 3), (64, 64, 4, 2))
+_GRAD_ROWS_CONFIGS = _configs((128, 32, 8, 2), (128, 64, 8, 2), (128, 64, 8, 3), (64, 32, 4, 3))
+# Tuned once per feature width, operand type, row-subset kind and power-of-two sizes of the batch and
+# the rows (a step's shapes repeat; PIC's varying row counts fall into few buckets).
+_KEY = ["D", "HAS_ROWS", "DOT", "batch_bucket", "rows_bucket"]
 
 
 @triton.jit
@@ -90,7 +96,8 @@ def _dot(a, b, DOT: tl.constexpr):
 @triton.autotune(configs=_SUM_EXP_CONFIGS, key=_KEY)
 @triton.jit
 def _sum_exp_kernel(x_ptr, w_ptr, rows_ptr, inv_norm_ptr, partial_ptr, B, D, count, offset, stride_x, stride_w,
-                    weight_scale, HAS_ROWS: tl.constexpr, DOT: tl.constexpr, SPLITS: tl.constexpr,
+                    weight_scale, batch_bucket, rows_bucket, HAS_ROWS: tl.constexpr, DOT: tl.constexpr,
+                    SPLITS: tl.constexpr,
                     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     pid_b, split = tl.program_id(0), tl.program_id(1)
     b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
@@ -109,7 +116,7 @@ def _sum_exp_kernel(x_ptr, w_ptr, rows_ptr, inv_norm_ptr, partial_ptr, B, D, cou
 @triton.autotune(configs=_GRAD_FEATURES_CONFIGS, key=_KEY)
 @triton.jit
 def _grad_features_kernel(x_ptr, w_ptr, rows_ptr, inv_norm_ptr, coef_ptr, shift_ptr, partial_ptr, B, D, count,
-                          offset, stride_x, stride_w, weight_scale, HAS_ROWS: tl.constexpr,
+                          offset, stride_x, stride_w, weight_scale, batch_bucket, rows_bucket, HAS_ROWS: tl.constexpr,
                           DOT: tl.constexpr, SPLITS: tl.constexpr, BLOCK_B: tl.constexpr,
                           BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     pid_b, split = tl.program_id(0), tl.program_id(1)
@@ -134,7 +141,8 @@ def _grad_features_kernel(x_ptr, w_ptr, rows_ptr, inv_norm_ptr, coef_ptr, shift_
 @triton.autotune(configs=_GRAD_ROWS_CONFIGS, key=_KEY)
 @triton.jit
 def _grad_rows_kernel(x_ptr, w_ptr, rows_ptr, inv_norm_ptr, coef_ptr, shift_ptr, out_ptr, B, D, start, end, offset,
-                      stride_x, stride_w, stride_out, weight_scale, grad_scale, HAS_ROWS: tl.constexpr,
+                      stride_x, stride_w, stride_out, weight_scale, grad_scale, batch_bucket, rows_bucket,
+                      HAS_ROWS: tl.constexpr,
                       DOT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_D: tl.constexpr):
     pos = start + tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -183,15 +191,20 @@ def splits_for(batch: int, features: torch.Tensor) -> int:
 
 def _launch(kernel, grid, *args, **kwargs) -> None:
     """Launch an autotuned kernel; under ``parallel.deterministic`` (torch's deterministic algorithms)
-    with its first config instead: the tile sizes set the order of the sums, and a timing-based choice
-    could differ between a run and its resume."""
-    if INTERPRETED or not torch.are_deterministic_algorithms_enabled():
+    or without ``AUTOTUNE``, with its first config instead: the tile sizes set the order of the sums,
+    and a timing-based choice could differ between a run and its resume."""
+    if INTERPRETED or (AUTOTUNE and not torch.are_deterministic_algorithms_enabled()):
         kernel[grid](*args, **kwargs)
         return
     config = kernel.configs[0]
     meta = {**kwargs, **config.kwargs}
     kernel.fn[grid(meta) if callable(grid) else grid](*args, num_warps=config.num_warps,
                                                        num_stages=config.num_stages, **meta)
+
+
+def _buckets(batch: int, rows: int) -> tuple[int, int]:
+    """The autotuner's size keys: powers of two at or above the batch and the rows."""
+    return triton.next_power_of_2(batch), triton.next_power_of_2(max(rows, 1))
 
 
 def _feature_blocks(batch: int, splits: int):
@@ -208,8 +221,8 @@ def sum_exp(features, weight, rows, offset: int, count: int, inv_norm, weight_sc
     splits = partial.shape[0]
     rows_ptr, has_rows = _row_args(rows, inv_norm)
     _launch(_sum_exp_kernel, _feature_blocks(batch, splits), features, weight, rows_ptr, inv_norm, partial, batch,
-            dim, count, offset, features.stride(0), weight.stride(0), weight_scale, HAS_ROWS=has_rows,
-            DOT=_dot_mode(features), SPLITS=splits, BLOCK_D=block_d(dim))
+            dim, count, offset, features.stride(0), weight.stride(0), weight_scale, *_buckets(batch, count),
+            HAS_ROWS=has_rows, DOT=_dot_mode(features), SPLITS=splits, BLOCK_D=block_d(dim))
 
 
 def grad_features(features, weight, rows, offset: int, count: int, inv_norm, weight_scale: float, coef, shift,
@@ -220,7 +233,7 @@ def grad_features(features, weight, rows, offset: int, count: int, inv_norm, wei
     rows_ptr, has_rows = _row_args(rows, inv_norm)
     _launch(_grad_features_kernel, _feature_blocks(batch, splits), features, weight, rows_ptr, inv_norm, coef,
             shift, partial, batch, dim, count, offset, features.stride(0), weight.stride(0), weight_scale,
-            HAS_ROWS=has_rows, DOT=_dot_mode(features), SPLITS=splits, BLOCK_D=block_d(dim))
+            *_buckets(batch, count), HAS_ROWS=has_rows, DOT=_dot_mode(features), SPLITS=splits, BLOCK_D=block_d(dim))
 
 
 def grad_rows(features, weight, rows, offset: int, start: int, end: int, inv_norm, weight_scale: float, coef, shift,
@@ -230,5 +243,5 @@ def grad_rows(features, weight, rows, offset: int, start: int, end: int, inv_nor
     rows_ptr, has_rows = _row_args(rows, inv_norm)
     grid = lambda meta: (triton.cdiv(end - start, meta["BLOCK_N"]),)  # noqa: E731
     _launch(_grad_rows_kernel, grid, features, weight, rows_ptr, inv_norm, coef, shift, out, batch, dim, start, end,
-            offset, features.stride(0), weight.stride(0), out.stride(0), weight_scale, grad_scale, HAS_ROWS=has_rows,
-            DOT=_dot_mode(features), BLOCK_D=block_d(dim))
+            offset, features.stride(0), weight.stride(0), out.stride(0), weight_scale, grad_scale,
+            *_buckets(batch, end - start), HAS_ROWS=has_rows, DOT=_dot_mode(features), BLOCK_D=block_d(dim))
