@@ -147,3 +147,13 @@ def test_a_host_sync_in_the_smoothing_and_co2_step_fails_the_check(monkeypatch):
     monkeypatch.setattr(InstanceObjective, "loss", syncing_loss)
     row = local_checks.host_syncs_per_step(torch.device("cpu"))
     assert row.status == FAIL and "test_selftest.py" in row.detail and "_local_scalar_dense" in row.detail
+
+
+def test_each_distributed_row_is_named_as_its_check_names_it():
+    """A row merged over ranks takes ``check_name``: it must be the name the check reports itself (the
+    first GPU run found the bf16 ZeRO-2 row renamed 'bf16 zero2 step' whenever it ran)."""
+    from trainer.selftest.distributed_checks import DISTRIBUTED_CHECKS, check_name
+
+    assert [check_name(check) for check in DISTRIBUTED_CHECKS] == ["collectives", "sharded classifier",
+                                                                     "bf16 ZeRO-2 ResNet-50 step"]
+    assert set(map(check_name, DISTRIBUTED_CHECKS)) <= EVERY_CHECK

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.bench.classifier_roofline import exp2_rate, roofline
-from trainer.bench.device_ceilings import copy_gb_per_s
+from trainer.bench.device_ceilings import copy_gb_per_s, matmul_tflops
 from trainer.bench.step_runner import FLOAT_DTYPES, FloatDtype, StepSpec, run_steps, synchronize
 from trainer.classifier.classifier_config import MODES
 from trainer.observability.memory import peak_since, reset_peak
@@ -107,7 +107,11 @@ def _worker(settings: ClassifierBenchSettings, mode: str, logits: str, kernel: s
     # collective buffers, kernels), so the measured peak is the classifier's own memory.
     run_steps(_step_spec(settings, mode, max(settings.ranks, 16), 1, cache_bytes, kernel), dims)
     matmul = _PlainMatmul(settings, device, getattr(torch, settings.dtype))
-    bandwidth = copy_gb_per_s(device, (1 << 30) if device.type == "cuda" else (128 << 20), repeats=5)
+    gpu = device.type == "cuda"
+    bandwidth = copy_gb_per_s(device, (1 << 30) if gpu else (128 << 20), repeats=5)
+    # The roofline's matmul rate: a square product, compute-bound (the DHP-shaped one above writes a
+    # [B, N/T] output with K = D = 128 and is bound by that write: 16% of peak on an H200).
+    peak_tflops = matmul_tflops(device, getattr(torch, settings.dtype), 8192 if gpu else 1024, repeats=5)
     baseline = reset_peak(device)
     stats = run_steps(_step_spec(settings, mode, settings.num_classes, settings.steps, cache_bytes, kernel), dims,
                       after_step=matmul.time_one)
@@ -120,6 +124,7 @@ def _worker(settings: ClassifierBenchSettings, mode: str, logits: str, kernel: s
         peak_above_baseline_bytes=peak_above_baseline,
         matmul_gflops=matmul.gflops(),
         copy_gb_per_s=bandwidth,
+        peak_matmul_gflops=peak_tflops * 1e3,
         exp2_per_s=exp2_rate(device),
     )
     gathered: list[dict] = [None] * dims.world_size  # type: ignore[list-item]
@@ -167,8 +172,9 @@ def summarize_run(settings: ClassifierBenchSettings, mode: str, logits: str, ran
     useful_gflops = settings.useful_flops(mode) / step_s / 1e9
     matmul_gflops = min(r["matmul_gflops"] for r in ranks)
     floor = roofline(f"{kernel}/{logits}", settings.rows_scored(mode), settings.classes_scored(mode), settings.dim,
-                     torch.empty((), dtype=getattr(torch, settings.dtype)).element_size(), matmul_gflops,
-                     min(r["copy_gb_per_s"] for r in ranks), ranks[0]["exp2_per_s"])
+                     torch.empty((), dtype=getattr(torch, settings.dtype)).element_size(),
+                     min(r["peak_matmul_gflops"] for r in ranks), min(r["copy_gb_per_s"] for r in ranks),
+                     ranks[0]["exp2_per_s"])
     return dict(
         mode=mode,
         logits=logits,
@@ -227,8 +233,8 @@ def format_report(summary: dict) -> str:
     speedup, memory = summary["dhp_speedup"], summary["ddp_over_dhp_memory"]
     lines += [
         "(GFLOP/s are per rank; matmul: a plain [B,D]x[D,N/T] torch.mm in the same processes; roofline: the largest "
-        "of the path's matmuls at that rate, its exp2 at the special-function units' rate and its bytes at the "
-        "copy bandwidth measured in the same processes, trainer/bench/classifier_roofline.py)",
+        "of the path's matmuls at a square torch.mm's rate, its exp2 at the special-function units' rate and its "
+        "bytes at the copy bandwidth, each measured in the same processes: trainer/bench/classifier_roofline.py)",
         f"DHP speed-up over DDP:            {speedup['recompute']:.2f}x recompute, {speedup['cache']:.2f}x cache",
         f"DDP / DHP memory (peak-base):     {memory['recompute']:.2f}x recompute, {memory['cache']:.2f}x cache",
     ]

@@ -25,7 +25,8 @@ TIMEOUT_ENV = "INSTCLS_SELFTEST_TIMEOUT_S"  # how long a rank waits in a collect
 
 
 def check_name(check) -> str:
-    return check.__name__.replace("_", " ")
+    """The row's name: the check's ``row_name``, or its function name in words."""
+    return getattr(check, "row_name", check.__name__.replace("_", " "))
 
 
 def worker(result_dir: str, checks=None) -> None:
@@ -125,12 +126,15 @@ def sharded_classifier(dims) -> CheckResult:
 PLAN_UNDERESTIMATE_LIMIT = 1.15
 
 
+BF16_STEP = "bf16 ZeRO-2 ResNet-50 step"
+
+
 def bf16_zero2_step(dims) -> CheckResult:
     """One bf16 ZeRO-2 step of ResNet-50 + head and the sharded classifier; its peak allocated memory
     against what ``instcls plan`` predicts for the same job (the planner's allocator share: the CUDA
     context and NCCL buffers are outside ``max_memory_allocated``, and DALI is not used here)."""
     if dims.device.type != "cuda":
-        return CheckResult("bf16 ZeRO-2 ResNet-50 step", SKIPPED, "", "needs a CUDA device")
+        return CheckResult(BF16_STEP, SKIPPED, "", "needs a CUDA device")
     from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
     from trainer.engine.deepspeed_setup import initialize_backbone, load_deepspeed_config
     from trainer.models import ModelConfig, build_model
@@ -155,7 +159,7 @@ def bf16_zero2_step(dims) -> CheckResult:
     ratio = peak / planned
     status = PASS if torch.isfinite(loss) and ratio <= PLAN_UNDERESTIMATE_LIMIT else FAIL
     return CheckResult(
-        "bf16 ZeRO-2 ResNet-50 step",
+        BF16_STEP,
         status,
         f"{peak / 2**30:.1f} GiB peak = {ratio:.2f} x plan",
         f"batch {batch}/rank, N=1.28M over {dims.world_size} ranks, {seconds:.2f} s; "
@@ -182,4 +186,5 @@ def _planned_allocations(model_config, classifier_config, ds_config: dict, ranks
     return sum(size for part, size in planner.predict(plan).items() if not part.startswith("buffers"))
 
 
+bf16_zero2_step.row_name = BF16_STEP  # merged rows take check_name (its function name would be "bf16 zero2 step")
 DISTRIBUTED_CHECKS = (collectives, sharded_classifier, bf16_zero2_step)
