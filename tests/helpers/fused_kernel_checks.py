@@ -172,6 +172,32 @@ def deterministic_repeats() -> None:
             assert torch.equal(a, b), f"{dtype}: {name} differs between two deterministic runs"
 
 
+def ops_trace_under_compile() -> None:
+    """The kernels are custom ops with fake implementations: ``torch.compile(fullgraph=True)`` traces
+    a step's three ops without a graph break and computes what eager calls compute."""
+    from trainer.classifier.kernel import fused_ops  # noqa: F401  (registers the ops)
+
+    features, weight, *_ = _problem(NUM_ROWS, 0.0, 31)
+    inv_norm = weight.norm(dim=1).reciprocal()
+    coef, shift = torch.linspace(-1, 1, BATCH), torch.full((BATCH,), 3.0)
+
+    def step(features, weight, inv_norm, coef, shift):
+        partial = torch.empty(2, BATCH)
+        torch.ops.instcls.cosine_sum_exp(features, weight, None, 0, NUM_ROWS, inv_norm, 2.0, partial)
+        grad_x = torch.empty(2, BATCH, 32)
+        torch.ops.instcls.cosine_grad_features(features, weight, None, 0, NUM_ROWS, inv_norm, 2.0, coef, shift,
+                                               grad_x)
+        grad_w = torch.empty(NUM_ROWS, DIM)
+        torch.ops.instcls.cosine_grad_rows(features, weight, None, 0, 0, NUM_ROWS, inv_norm, 2.0, coef, shift,
+                                           0.5, grad_w)
+        return partial.sum(0), grad_x.sum(0)[:, :DIM], grad_w
+
+    eager = step(features, weight, inv_norm, coef, shift)
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(features, weight, inv_norm, coef, shift)
+    for name, a, b in zip(("sum of exponentials", "feature gradient", "row gradient"), eager, compiled):
+        assert torch.equal(a, b), f"{name}: compiled differs from eager"
+
+
 def _two_ranks() -> None:
     from trainer.parallel import init_distributed
 
@@ -204,7 +230,7 @@ def two_gloo_ranks() -> None:
 
 
 CHECKS = {f.__name__: f for f in (every_case_on_one_rank, padding_and_negative_weights, in_backward_sgd,
-                                  deterministic_repeats, two_gloo_ranks)}
+                                  deterministic_repeats, ops_trace_under_compile, two_gloo_ranks)}
 
 if __name__ == "__main__":
     CHECKS[sys.argv[1]]()

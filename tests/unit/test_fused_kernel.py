@@ -16,7 +16,7 @@ from trainer.classifier.kernel.chunked import KernelSettings
 
 # Not imported from the checks' module: importing it sets TRITON_INTERPRET in this process.
 CHECKS = ("every_case_on_one_rank", "padding_and_negative_weights", "in_backward_sgd", "deterministic_repeats",
-          "two_gloo_ranks")
+          "two_gloo_ranks", "ops_trace_under_compile")
 
 
 @pytest.mark.parametrize("check", CHECKS)

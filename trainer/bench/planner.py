@@ -98,10 +98,10 @@ def fused_workspace(plan: PlanInput, scored: int, rows: int, row_buffer: bool) -
     feature block, the scored rows' norms, one column group of gathered target rows (three fp32
     temporaries), the features' gradient, and a chunk of rows' gradient where it cannot be written
     in place (in-backward SGD, sampled rows)."""
-    from trainer.classifier.kernel.fused import FUSED_SPLITS_ON_FAKE_DEVICES, TARGET_COLUMNS_PER_PASS
+    from trainer.classifier.kernel.fused import FUSED_SPLITS_ON_FAKE_DEVICES, TARGET_COLUMNS_PER_PASS, padded_dim
 
-    splits, padded_dim = FUSED_SPLITS_ON_FAKE_DEVICES, max(16, 1 << (plan.dim - 1).bit_length())
-    workspace = rows * 4 + splits * scored * (4 + padded_dim * 4)
+    splits = FUSED_SPLITS_ON_FAKE_DEVICES
+    workspace = rows * 4 + splits * scored * (4 + padded_dim(plan.dim) * 4)
     workspace += 3 * scored * min(TARGET_COLUMNS_PER_PASS, plan.targets) * plan.dim * 4 + scored * plan.dim * 4
     if row_buffer:
         workspace += (min(plan.chunk_size, rows) + 1) * plan.dim * 4

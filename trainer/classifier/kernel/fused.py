@@ -24,7 +24,6 @@ from trainer.classifier.kernel.losses import LOG_NORMALIZER, LOSS_FORMS, Smoothi
 from trainer.classifier.kernel.reductions import SampleColumns, reduce_over_ranks
 from trainer.classifier.kernel.row_adds import add_rows
 from trainer.classifier.kernel.scored_rows import ScoredRows
-from trainer.parallel.collectives import group_size
 
 TARGET_COLUMNS_PER_PASS = 8  # target columns gathered at once: [B, 8, D] fp32 is 32 MiB at B=8192, D=128
 FUSED_SPLITS_ON_FAKE_DEVICES = 8  # the dry run's stand-in for splits_for (a GPU's order of magnitude)
@@ -39,7 +38,9 @@ def fused_splits(batch: int, features: torch.Tensor) -> int:
     return FUSED_SPLITS_ON_FAKE_DEVICES if features.device.type == "cuda" else 2
 
 
-def _padded_dim(dim: int) -> int:
+def padded_dim(dim: int) -> int:
+    """D rounded up to the kernels' tile width (a power of two, at least 16): the partial feature
+    gradients are written at that width."""
     return max(16, 1 << (dim - 1).bit_length())
 
 
@@ -108,7 +109,7 @@ class FusedShardedCosineCE(torch.autograd.Function):
                               gradient.log_normalizer, gradient.target_coef)
         ctx.settings, ctx.rows, ctx.update, ctx.scales = settings, rows, update_in_backward, (feature_scale,
                                                                                               weight_scale)
-        ctx.features_dtype, ctx.ranks = features.dtype, group_size(group)
+        ctx.features_dtype = features.dtype
         return loss
 
     @staticmethod
@@ -131,7 +132,7 @@ class FusedShardedCosineCE(torch.autograd.Function):
 def _grad_features(scaled, weight, rows: _Rows, target_cols, target_grad, coef, shift, weight_scale: float):
     """fp32 ``sum_j dL/dz_ij w_hat_j`` ([B, D]; the caller divides by tau)."""
     batch, dim = scaled.shape
-    partial = torch.empty(fused_splits(batch, scaled), batch, _padded_dim(dim), device=scaled.device)
+    partial = torch.empty(fused_splits(batch, scaled), batch, padded_dim(dim), device=scaled.device)
     torch.ops.instcls.cosine_grad_features(scaled, weight, rows.indices, rows.offset, rows.count, rows.inv_norm,
                                            weight_scale, coef, shift, partial)
     grad = partial[:, :, :dim].sum(dim=0)
