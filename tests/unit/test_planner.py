@@ -198,3 +198,17 @@ def test_the_plan_counts_the_backbone_by_default_and_refuses_bad_numbers(capsys)
         with pytest.raises(SystemExit):
             main(["plan", "--num-classes", "1000", "--ranks", "2", flag, value])
         assert f"argument {flag}: " in capsys.readouterr().err
+
+
+def test_a_gpu_plan_without_a_term_runs_the_fused_kernels_and_holds_no_logits():
+    """On GPUs the classifier runs the fused Triton kernels (issue 42): no chunk workspace and no
+    logits cache, only their per-sample buffers; CO2 and CPUs keep the chunked workspace."""
+    plan = PlanInput(mode="dhp", num_classes=14_197_122, ranks=64, batch=4096, dtype="bfloat16",
+                     logits_cache_bytes=64 * GIB, targets=101)
+    fused = classifier_breakdown(plan)
+    assert plan.fused and fused["logits/activations (chunk workspace)"] == 0 and fused["logits cache"] == 0
+    assert 0 < fused["fused kernel buffers"] < 0.2 * GIB  # 133 MiB, 101 target rows gathered 8 at a time
+    for chunked_plan in (replace(plan, co2=True), replace(plan, device="cpu"), replace(plan, kernel="chunked")):
+        chunked = classifier_breakdown(chunked_plan)
+        assert not chunked_plan.fused and chunked["fused kernel buffers"] == 0
+        assert chunked["logits/activations (chunk workspace)"] > 10 * fused["fused kernel buffers"]
