@@ -56,6 +56,10 @@ def register(commands) -> None:
     parser.add_argument("--row-store", default="host", choices=["device", "host", "disk"],
                         help="PIC: where W and its momentum live (device counts them in device memory)")
     parser.add_argument("--co2", action="store_true", help="add CO2's consistency term (co2_alpha > 0)")
+    parser.add_argument("--kernel", default="auto", choices=["auto", "chunked", "fused"],
+                        help="the classifier's path (auto: the fused Triton kernels on GPUs without CO2)")
+    parser.add_argument("--top-k", type=_at_least(0), default=0,
+                        help="hard negatives per sample with top-K smoothing (0: none): the fused path's target rows")
     parser.set_defaults(handler=_run_plan)
 
 
@@ -81,7 +85,8 @@ def _run_plan(args: argparse.Namespace) -> int:
             momentum=not args.no_momentum, update_in_backward=args.update_in_backward,
             backbone=None if args.backbone == "none" else args.backbone, image_size=args.image_size,
             views=args.views, zero_stage=args.zero_stage, device="cpu" if args.cpu else "gpu", queue=args.queue,
-            row_store=args.row_store, co2=args.co2, dali=not args.no_dali,
+            row_store=args.row_store, co2=args.co2, dali=not args.no_dali, kernel=args.kernel,
+            targets=1 + args.top_k,
         )
     if args.deepspeed_config is not None:
         import ds_configs
