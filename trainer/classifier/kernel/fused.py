@@ -39,7 +39,7 @@ def fused_splits(batch: int, features: torch.Tensor) -> int:
 
 
 def padded_dim(dim: int) -> int:
-    """D rounded up to the kernels' tile width (a power of two, at least 16): the partial feature
+    """D rounded up to the kernels' tile width (``fused_triton.block_d``, which needs Triton): the partial feature
     gradients are written at that width."""
     return max(16, 1 << (dim - 1).bit_length())
 
