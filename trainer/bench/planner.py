@@ -24,6 +24,7 @@ from functools import lru_cache
 import torch
 
 from trainer.classifier.kernel.chunk_workspace import LogitsCache
+from trainer.classifier.kernel.chunked import KernelSettings
 from trainer.models import ModelConfig, build_model
 
 GIB = 2**30
@@ -67,8 +68,9 @@ class PlanInput:
 
     @property
     def fused(self) -> bool:
-        """Whether the classifier runs the fused kernels (``KernelSettings.resolved_implementation``)."""
-        return self.kernel == "fused" or (self.kernel == "auto" and self.device == "gpu" and not self.co2)
+        """Whether the classifier runs the fused kernels: the kernel's own choice for this device."""
+        device = torch.device("cuda" if self.device == "gpu" else "cpu")
+        return KernelSettings(implementation=self.kernel).resolved_implementation(device, self.co2) == "fused"
 
     def __post_init__(self) -> None:
         if self.mode not in ("ddp", "dhp", "pic"):

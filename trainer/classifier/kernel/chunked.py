@@ -242,10 +242,7 @@ def _backward_chunks(scaled_features, weight, target_cols, row_scale, log_normal
     batch, dim = scaled_features.shape
     device = scaled_features.device
     grad_features = torch.zeros(batch, dim, device=device)
-    grad_weight = None
-    if update is None:
-        covers_all = scored.indices is None and scored.count == weight.shape[0]
-        grad_weight = torch.empty_like(weight) if covers_all else torch.zeros_like(weight)
+    grad_weight = None if update is not None else scored.gradient_for(weight)
     feature_scale, weight_scale = scales(settings.temperature, scaled_features.dtype)
     workspace = ChunkWorkspace(
         batch,

@@ -122,44 +122,53 @@ class FusedShardedCosineCE(torch.autograd.Function):
         coef = (grad_loss * softmax_scale).contiguous()
         shift = (log_normalizer * LOG2_E).contiguous()
         target_grad = grad_loss[:, None] * target_coef  # subtracted at the targets' rows
-        grad_features = _grad_features(scaled, weight, rows, target_cols, target_grad, coef, shift, weight_scale)
-        grad_features = grad_features.mul_(1.0 / settings.temperature).to(ctx.features_dtype)
+        grad_features = _softmax_grad_features(scaled, weight, rows, coef, shift, weight_scale)
         grad_weight = _grad_weight(scaled, weight, rows, target_cols, target_grad, coef, shift, settings,
                                    feature_scale, weight_scale, ctx.update)
+        _subtract_targets(scaled, weight, rows, target_cols, target_grad, feature_scale, settings.temperature,
+                          grad_features, grad_weight)
+        grad_features = grad_features.mul_(1.0 / settings.temperature).to(ctx.features_dtype)
         return grad_features, grad_weight, None, None, None, None, None, None, None
 
 
-def _grad_features(scaled, weight, rows: _Rows, target_cols, target_grad, coef, shift, weight_scale: float):
-    """fp32 ``sum_j dL/dz_ij w_hat_j`` ([B, D]; the caller divides by tau)."""
+def _softmax_grad_features(scaled, weight, rows: _Rows, coef, shift, weight_scale: float):
+    """fp32 ``sum_j coef_i exp(z_ij - log_normalizer_i) w_hat_j`` ([B, D]; the caller divides by tau)."""
     batch, dim = scaled.shape
     partial = torch.empty(fused_splits(batch, scaled), batch, padded_dim(dim), device=scaled.device)
     torch.ops.instcls.cosine_grad_features(scaled, weight, rows.indices, rows.offset, rows.count, rows.inv_norm,
                                            weight_scale, coef, shift, partial)
-    grad = partial[:, :, :dim].sum(dim=0)
+    return partial[:, :, :dim].sum(dim=0)
+
+
+def _target_row_grads(x, hat, inv_norm, values, temperature: float):
+    """``[B, k, D]``: ``-values`` times the gradient of each target logit w.r.t. its unnormalised row,
+    ``(x - <x, w_hat> w_hat) / (|w| tau)``; ``x`` ``[B, 1, D]`` the features the logits were computed
+    from, ``hat`` and ``inv_norm`` the target rows' ``w / |w|`` and ``1 / |w|``."""
+    radial = (hat * x).sum(dim=2, keepdim=True)
+    return -(values * inv_norm / temperature)[..., None] * (x - radial * hat)
+
+
+def _subtract_targets(scaled, weight, rows: _Rows, target_cols, target_grad, feature_scale: float,
+                      temperature: float, grad_features, grad_weight) -> None:
+    """The targets' share of ``dL/dz`` (``-target_grad`` at their rows), pushed into the features'
+    gradient (before its 1/tau) and, when it exists, W's: one gather of each column group's rows."""
+    x = scaled.float()[:, None, :] / feature_scale
     for columns, positions, owned in _target_passes(target_cols):
         values = torch.where(owned, target_grad[:, columns], 0.0)
-        grad -= torch.einsum("bk,bkd->bd", values, rows.hat(weight, positions))
-    return grad
-
-
-def _target_row_grads(scaled, weight, rows: _Rows, positions, values, feature_scale: float, temperature: float):
-    """``[B, k, D]``: ``-values`` times the gradient of each target logit w.r.t. its unnormalised row,
-    ``(x - <x, w_hat> w_hat) / (|w| tau)`` with ``x`` the features the logits were computed from."""
-    x = scaled.float()[:, None, :] / feature_scale
-    hat = rows.hat(weight, positions)
-    radial = (hat * x).sum(dim=2, keepdim=True)
-    return -(values * rows.inv_norm[positions] / temperature)[..., None] * (x - radial * hat)
+        hat = rows.hat(weight, positions)
+        grad_features -= torch.einsum("bk,bkd->bd", values, hat)
+        if grad_weight is not None:
+            grads = _target_row_grads(x, hat, rows.inv_norm[positions], values, temperature)
+            add_rows(grad_weight, rows.local_rows(positions).reshape(-1), grads.reshape(-1, grads.shape[-1]))
 
 
 def _grad_weight(scaled, weight, rows: _Rows, target_cols, target_grad, coef, shift, settings, feature_scale: float,
                  weight_scale: float, update):
-    """W's gradient (None when ``update`` applies it chunk by chunk during the backward)."""
+    """W's gradient from the softmax part (the targets' share follows in ``_subtract_targets``), or None
+    when ``update`` applies it chunk by chunk during the backward, the targets' share included."""
     scored: ScoredRows = rows.scored
     grad_scale = 1.0 / (feature_scale * settings.temperature)
-    grad_weight = None
-    if update is None:
-        covers_all = scored.indices is None and scored.count == weight.shape[0]
-        grad_weight = torch.empty_like(weight) if covers_all else torch.zeros_like(weight)
+    grad_weight = None if update is not None else scored.gradient_for(weight)
     buffer = None
     for start, end in scored.chunks(settings.chunk_size):
         direct = update is None and scored.indices is None
@@ -178,11 +187,6 @@ def _grad_weight(scaled, weight, rows: _Rows, target_cols, target_grad, coef, sh
             update.apply_rows(scored.rows_of(start, end), out)  # later chunks never read these rows
         elif not direct:
             add_rows(grad_weight, scored.rows_of(start, end), out)  # a row sampled twice gets both
-    if grad_weight is not None:
-        for columns, positions, owned in _target_passes(target_cols):
-            values = torch.where(owned, target_grad[:, columns], 0.0)
-            grads = _target_row_grads(scaled, weight, rows, positions, values, feature_scale, settings.temperature)
-            add_rows(grad_weight, rows.local_rows(positions).reshape(-1), grads.reshape(-1, grads.shape[-1]))
     return grad_weight
 
 
@@ -191,9 +195,10 @@ def _add_targets_in_chunk(buffer, start: int, end: int, scaled, weight, rows: _R
     """The target rows' share of a chunk's gradient, before the in-backward update applies it.  Targets
     outside ``[start, end)`` land in the buffer's spare last row (no data-dependent selection: no sync)."""
     sink = buffer.shape[0] - 1
+    x = scaled.float()[:, None, :] / feature_scale
     for columns, positions, owned in _target_passes(target_cols):
         inside = owned & (positions >= start) & (positions < end)
         values = torch.where(inside, target_grad[:, columns], 0.0)
-        grads = _target_row_grads(scaled, weight, rows, positions, values, feature_scale, temperature)
+        grads = _target_row_grads(x, rows.hat(weight, positions), rows.inv_norm[positions], values, temperature)
         slots = torch.where(inside, positions - start, sink)
         add_rows(buffer, slots.reshape(-1), grads.reshape(-1, grads.shape[-1]))

@@ -43,6 +43,12 @@ class ScoredRows:
         out = gather_buffer[: (end - start) * weight.shape[1]].view(end - start, weight.shape[1])
         return torch.index_select(weight, 0, self.indices[start:end], out=out)
 
+    def gradient_for(self, weight: torch.Tensor) -> torch.Tensor:
+        """A gradient buffer for ``weight``: uninitialised when the scored rows are all of W (every row
+        will be written), zeros otherwise (only the scored rows are touched)."""
+        covers_all = self.indices is None and self.count == weight.shape[0]
+        return torch.empty_like(weight) if covers_all else torch.zeros_like(weight)
+
     def rows_of(self, start: int, end: int) -> slice | torch.Tensor:
         """Rows of W at positions ``[start, end)``, as a slice or an index tensor."""
         if self.indices is None:
