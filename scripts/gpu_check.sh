@@ -4,14 +4,14 @@
 # and manylinux wheels carried in .whl/ (DeepSpeed, webdataset, faiss-cpu and their needs; DALI is too
 # big to carry, so the loader is the torchvision fallback).  Each item has its own time limit and its
 # own section of $OUT/gpu-check.log, and a failing item does not stop the next.  Run from the repo root:
-#   OUT=out/gpu-check scripts/gpu_check.sh [ITEM ...]     (items: see ITEMS below; default all)
+#   OUT=out/gpu-check scripts/gpu_check.sh [ITEM ...]     (items: see the case below; default: all but
+#   `fused`, whose GPU tests `pytest` runs too)
 set -u
 OUT=${OUT:-out/gpu-check}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 LOG=$OUT/gpu-check.log
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
-# The autotuner's timing runs allocate: memory comparisons (dry run, tests) take each kernel's first config.
 
 if ls .whl/*.whl >/dev/null 2>&1; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -45,7 +45,8 @@ torch.version.cuda, 'triton', triton.__version__, torch.cuda.get_device_name(0))
 
 export -f env_facts
 export PY OUT
-ITEMS=${*:-env fused selftest classifier dry-run step sweep classifier-1m pytest}
+ITEMS=${*:-env selftest classifier dry-run step sweep classifier-1m pytest}
+# The autotuner's timing runs allocate: memory comparisons (dry run, tests) take each kernel's first config.
 for what in $ITEMS; do
     case $what in
     env) item 60 env bash -c env_facts ;;
