@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: install prometheus lint test test-all test-gpu test-gpu-offline gpu-check demo ablate drill rehearsal bench-classifier clean
+.PHONY: install prometheus lint test test-unit test-all test-gpu test-gpu-offline gpu-check demo ablate drill rehearsal bench-classifier clean
 
 $(INSTALLED): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ prometheus:
 # marked slow repeat a capability at a heavier size and run only in `make test-all`.
 test: $(INSTALLED) prometheus lint
 	$(BIN)/python -m pytest -m "not slow" --durations=15
+
+# The edit loop's tier (under 3 minutes on 2 cores): lint, then every test not marked integration (ranks,
+# trainings, commands end to end), slow or gpu; no service is installed.
+test-unit: $(INSTALLED) lint
+	$(BIN)/python -m pytest -m "not integration and not slow and not gpu" --durations=10
 
 # pyflakes, pycodestyle errors and import order over the whole tree ([tool.ruff] in pyproject.toml).
 lint: $(INSTALLED)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared run of everything a lent GPU machine can show (issue 43, docs/gpu-results.md), on a
+# One prepared run of everything a lent GPU machine can show (docs/gpu-results.md), on a
 # machine with no package registry: its own python3 (torch, torchvision, Triton) plus pure-Python
 # and manylinux wheels carried in .whl/ (DeepSpeed, webdataset, faiss-cpu and their needs; DALI is too
 # big to carry, so the loader is the torchvision fallback).  Each item has its own time limit and its

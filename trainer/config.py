@@ -20,6 +20,7 @@ from data_pipeline.contract import LoaderConfig
 from trainer.config_building import ConfigError, apply_overrides, build_dataclass
 from trainer.models import ModelConfig
 from trainer.objectives import ObjectiveConfig, default_objective_config
+from trainer.observability.tensorboard_scalars import tensorboard_missing
 from trainer.parallel.device_choice import DEVICE_CHOICES
 
 __all__ = ["ConfigError", "JobConfig", "apply_overrides", "load_job_config"]
@@ -162,6 +163,10 @@ class LoggingSection:
     consumed_ids: log the instance ids each step trained on, per rank (``event: consumed``), for
         per-sample accounting across restarts (the fault drills); one host sync and a log line per
         step, so off for real runs.
+    tensorboard: rank 0 also writes every number of its log's step, evaluation and summary records
+        as TensorBoard scalars under ``dir``/tensorboard/ (tags such as ``train/loss``,
+        ``eval/knn_trained``), for runs watched without Prometheus; needs the optional
+        ``tensorboard`` package (``pip install 'instcls[tensorboard]'``).  Off by default.
     """
 
     dir: Path = Path("logs")
@@ -171,10 +176,15 @@ class LoggingSection:
     progress: bool = True
     progress_every_s: float = 30.0
     consumed_ids: bool = False
+    tensorboard: bool = False
 
     def __post_init__(self) -> None:
         if self.log_every < 1:
             raise ConfigError("logging.log_every must be >= 1")
+        if not isinstance(self.tensorboard, bool):
+            raise ConfigError(f"logging.tensorboard={self.tensorboard!r} is invalid: use true or false")
+        if self.tensorboard and (missing := tensorboard_missing()) is not None:
+            raise ConfigError(missing)
         if not self.progress_every_s >= 0:
             raise ConfigError(f"logging.progress_every_s={self.progress_every_s} is invalid: use seconds >= 0 "
                               "(0: a line at every log step)")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from data_pipeline.ingest.make_shards import ShardSettings, write_shards
-from data_pipeline.ingest.sources.generated import sklearn_digits
+from data_pipeline.ingest.sources.generated import Source, sklearn_digits
 
 
 @pytest.fixture(scope="session")
@@ -17,6 +17,18 @@ def digits_split(tmp_path_factory):
     for split in ("train", "val"):
         write_shards(sklearn_digits(32, split=split), root / split, ShardSettings(prefix=split, samples_per_shard=256),
                      progress=False)
+    return {"train": root / "train", "val": root / "val"}
+
+
+@pytest.fixture(scope="session")
+def tiny_digits_split(tmp_path_factory):
+    """128 training digits and 64 held-out ones: 2 steps an epoch on 2 ranks of the demo's 32, for
+    tests that need a whole run (epochs, evaluations, the summary) in seconds."""
+    root = tmp_path_factory.mktemp("tiny_digits_split")
+    for split, count in (("train", 128), ("val", 64)):
+        digits = sklearn_digits(32, split=split)
+        write_shards(Source(digits.name, digits.images[:count], digits.class_names), root / split,
+                     ShardSettings(prefix=split, samples_per_shard=64), progress=False)
     return {"train": root / "train", "val": root / "val"}
 
 

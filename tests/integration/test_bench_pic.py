@@ -1,7 +1,7 @@
 """`instcls bench pic` in miniature: PIC points with a disk store next to the full softmax, which
 runs where it fits and fails to allocate where it does not (the paper's Appendix E)."""
 
-from trainer.bench.pic_bench import PicBenchSettings, format_report, run
+from trainer.bench.pic_bench import MIB, PicBenchSettings, format_report, run
 
 
 def test_bench_pic_reports_flat_memory_next_to_the_full_softmax(tmp_path):
@@ -16,5 +16,12 @@ def test_bench_pic_reports_flat_memory_next_to_the_full_softmax(tmp_path):
     assert full_small["status"] == "ok" and full_small["step_s"] > 0
     assert full_large["status"] == "oom", full_large  # 600k x 128 fp32 rows alone exceed 0.2 GiB
     assert not (tmp_path / "stores" / "store-600000").exists()  # each store is removed after its point
+    summary = report.summary()
+    assert summary["from_to"] == [4000, 600000] and summary["memory_growth"] > 0
+    # A row per N with PIC's figures and the full softmax's (the one test of format_report's text).
     text = format_report(report)
-    assert "PIC from N=4,000 to N=600,000: peak memory x" in text and "| 600,000 |" in text and "OOM" in text
+    for pic, full in zip(report.sampled, report.full):
+        (row,) = [line for line in text.splitlines() if line.startswith(f"| {pic['num_classes']:,} |")]
+        assert f"| {pic['step_s']:.3f} | {pic['peak_anon_bytes'] / MIB:,.0f} |" in row, row
+        assert (f"| {full['step_s']:.3f} |" if full["status"] == "ok" else f"| {full['status'].upper()} |") in row, row
+    assert f"x{summary['memory_growth']:.3f}" in text

@@ -24,5 +24,11 @@ def test_the_step_bench_breaks_the_step_into_phases_that_add_up_to_it():
         inside = sum(phases[p] for p in ("data_wait", "forward", "objective", "backward", "optimizer"))
         assert 0.5 * rank["step_s_mean"] < inside <= rank["step_s_mean"] * 1.0001, (inside, rank)
         assert rank["loader_headroom"] == rank["loader_images_per_s"] / rank["images_per_s"]
-    table = format_report(result)
-    assert "data_wait" in table and "headroom" in table and table.count("\n") >= 4
+    # A row per rank: its images/s, step time, each phase's seconds and the loader's headroom (the one
+    # test of format_report's text).
+    table = format_report(result).splitlines()
+    for rank in result["ranks"]:
+        (row,) = [line for line in table if line.split()[:3] == [str(rank["rank"]), f"{rank['images_per_s']:.1f}",
+                                                                 f"{rank['step_s_mean']:.3f}"]]
+        assert all(f"{rank['phase_s'][p]:.3f}(" in row for p in PHASE_ORDER), row
+        assert row.endswith(f"{rank['loader_headroom']:.2f}x"), row

@@ -1,5 +1,5 @@
-"""Issue 39 row 4: under the shipped bf16 DeepSpeed configs the backbone's gradients are averaged
-over the ranks in fp32, not bf16.
+"""Under the shipped bf16 DeepSpeed configs the backbone's gradients are averaged over the ranks in
+fp32, not bf16.
 
 Two ranks hold gradients 1 and 2^-9 of one weight: in bf16 their sum rounds back to 1 (8 bits of
 mantissa), in fp32 it is exact.  After one SGD step of learning rate 1 the fp32 master weight must
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from deepspeed.utils import safe_get_full_fp32_param
 from torch import nn
 
 from trainer.engine.deepspeed_setup import initialize_backbone, load_deepspeed_config
 from trainer.parallel import init_distributed
+from trainer.parallel.deepspeed_import import safe_get_full_fp32_param
 from trainer.parallel.launch import spawn_local_workers
 
 REPO = Path(__file__).resolve().parents[2]

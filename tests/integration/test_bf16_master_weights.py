@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from deepspeed.utils import safe_get_full_fp32_param
 from torch import nn
 
 from tests.integration.test_backbone_optimizer_reshard import _global_batch, _latest, _model, _weights
@@ -20,6 +19,7 @@ from trainer.checkpoint import save_checkpoint
 from trainer.checkpoint.engine_state import EngineState, load_engine, plain_model_from_engine
 from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, load_deepspeed_config
 from trainer.parallel import init_distributed
+from trainer.parallel.deepspeed_import import safe_get_full_fp32_param
 from trainer.parallel.launch import spawn_local_workers
 
 REPO = Path(__file__).resolve().parents[2]

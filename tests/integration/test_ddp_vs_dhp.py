@@ -30,15 +30,25 @@ def test_sweep_finds_both_limits_and_writes_table_csv_and_plot(tmp_path, capsys)
     assert all(int(r["peak_above_baseline_bytes"]) <= 1.1 * CAP_GIB * GIB for r in ok), (
         "a point that fit exceeded the cap"
     )
+    first_fails = {}
     for mode, fit in (("ddp", ddp), ("dhp", dhp)):
         # The planner's boundary lies between the largest N that trained and the first that failed
         # (the sweep brackets it to 25%; the planner may be a little conservative).
-        first_fail = min(int(r["num_classes"]) for r in rows if r["mode"] == mode and r["status"] != "ok")
+        first_fail = first_fails[mode] = min(int(r["num_classes"]) for r in rows
+                                             if r["mode"] == mode and r["status"] != "ok")
         plan = PlanInput(mode=mode, num_classes=1, ranks=2, batch=32, views=1, dim=64, chunk_size=4096, device="cpu")
         planned = largest_classes(plan, int(CAP_GIB * GIB))
         assert 0.85 * fit <= planned <= first_fail, (mode, fit, planned, first_fail)
+    common = summary["at_largest_common_n"]  # both modes measured at DDP's largest N
+    assert common["num_classes"] == ddp and common["ddp"]["step_s"] > 0 and common["dhp"]["step_s"] > 0
+    # A row per method with its largest N and first failure, the common N's step times, the ratio
+    # (the one test of format_table's text); the command prints the table it writes.
     table = (out / "table.md").read_text()
-    assert f"| DDP (replicated W) | {ddp:,} |" in table and f"| DHP (sharded W) | {dhp:,} |" in table
-    assert "(the largest both train)" in table
+    method_rows = [line for line in table.splitlines() if line.startswith("| ")][1:]  # after the header
+    assert len(method_rows) == 2
+    for row, (mode, fit) in zip(method_rows, (("ddp", ddp), ("dhp", dhp))):
+        assert f"| {fit:,} | {first_fails[mode]:,} |" in row, row
+    assert f"{common['ddp']['step_s']:.3f} s" in table and f"{common['dhp']['step_s']:.3f} s" in table
+    assert f"{summary['dhp_over_ddp_classes']:.2f}x" in table
     assert Image.open(out / "memory.png").size[0] > 400
-    assert "DHP trains" in capsys.readouterr().out
+    assert table.strip() in capsys.readouterr().out

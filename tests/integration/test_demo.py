@@ -1,5 +1,5 @@
 """`make demo` shows learning: on its digit scenes a random network scores at most 50% kNN and the
-trained one at least 20 points more (issue 16's floor).  Measured: +29.5 (seed 0, on the machine of
+trained one at least 20 points more (the floor the demo is held to).  Measured: +29.5 (seed 0, on the machine of
 the README's table), +30.6 and +39.8 points (seeds 1 and 2, on a machine with another processor):
 the floor is 9.5 points below the lowest seed, so another processor's trajectory, which differs
 as another seed's does, clears it.  Slow: it is the whole demo, ~5 minutes."""

@@ -8,6 +8,7 @@ preemption: the retryable exit code, then the same command resuming to the unint
 peer's preemption (SIGTERM to one rank; torchrun restarts the ranks in place) runs only in the slow
 run: the launcher's side of it is unit-tested (test_exit_codes.py)."""
 
+import json
 import os
 from pathlib import Path
 
@@ -38,13 +39,18 @@ def test_drill(context, name):
         assert result.data_lost.startswith("none"), result
 
 
-def test_the_drill_command_prints_its_table(context, capsys):
+def test_the_drill_command_prints_its_table(context, tmp_path, capsys):
     from trainer.cli import main
 
-    assert main(["drill", "--only", "metrics-port-taken", "--work-dir", str(context.work_dir)]) == 0
-    table = capsys.readouterr().out
-    assert "| drill | fault | what happened | data lost | recovered in | verdict |" in table
-    assert "| metrics-port-taken |" in table and "| passed |" in table
+    out = tmp_path / "drills.json"
+    assert main(["drill", "--only", "metrics-port-taken", "--work-dir", str(context.work_dir), "--json", str(out)]) == 0
+    (result,) = json.loads(out.read_text())
+    assert result["name"] == "metrics-port-taken" and result["passed"], result
+    # The drill's row holds each of its fields (the one test of format_table's text).
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {result['name']} |")]
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[:4] == [result["name"], result["fault"], result["outcome"], result["data_lost"]], cells
+    assert result["recovery_s"] is None or cells[4] == f"{result['recovery_s']:.1f} s", cells
 
 
 # (fail point, whether checkpoint 4 is complete when the kill comes); rank 0 alone renames and prunes

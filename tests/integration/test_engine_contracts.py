@@ -98,7 +98,7 @@ def _one_step_matches_single_process(ds_config_path):
 
 
 def deepspeed_gathered(engine):
-    import deepspeed
+    from trainer.parallel.deepspeed_import import deepspeed
 
     return deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None)
 

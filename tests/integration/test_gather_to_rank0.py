@@ -1,5 +1,5 @@
-"""The linear probe's input lands in rank 0's host memory only (issue 39, row 7: every rank used to
-hold the whole bank): 2 gloo ranks with uneven rows, gathered in blocks smaller than a rank's share."""
+"""The linear probe's input lands in rank 0's host memory only (no other rank holds the whole bank):
+2 gloo ranks with uneven rows, gathered in blocks smaller than a rank's share."""
 
 import torch
 

@@ -18,7 +18,7 @@ from trainer.ablations.catalogue import (
     Variant,
     select,
 )
-from trainer.ablations.document import Sweep, render, write
+from trainer.ablations.document import Sweep, render, verdicts_of, write
 from trainer.ablations.runner import RunResult, SweepSettings, repo_relative, resolved_config, write_checked_config
 from trainer.ablations.verdict import NOT_MEASURED, REPRODUCES, REVERSED, WITHIN_NOISE, judge, summarise
 from trainer.config import ConfigError, load_job_config
@@ -161,10 +161,17 @@ def test_document_reports_every_variant_and_verdict(tmp_path):
         result("b", s, 0.30, early=0.3) for s in range(2)
     ]
     sweep = Sweep(SETTINGS, (TOY,), results, "instcls ablate --only toy --seeds 2")
+    (verdict,) = verdicts_of(sweep)["toy"]
+    assert verdict.outcome == REPRODUCES and verdict.claim == TOY.claims[0]
+    assert (verdict.difference, verdict.noise) == pytest.approx((10.5, 0.5))
+    # The one test of the document's text: every variant's row and every verdict's fields in its row.
     text = render(sweep, "toy.png")
     assert "| a | 30.00 ± 0.00 | 40.50 ± 0.71 | 100 | 90 |" in text
-    assert "| toy | nowhere | a > b | +10.50 ± 0.50 | **reproduces** |" in text
-    assert "random initialisation score 20.00 ± 0.00" in text
+    (row,) = [line for line in text.splitlines() if line.startswith(f"| {TOY.name} |")]
+    for field in (TOY.source, verdict.claim.describe(), f"{verdict.difference:+.2f} ± {verdict.noise:.2f}",
+                  verdict.outcome):
+        assert field in row, (field, row)
+    assert str(summarise([r.knn_random_init for r in results])) in text
     markdown, png = write(sweep, tmp_path / "docs" / "toy.md")
     assert markdown.read_text(encoding="utf-8") == text and png.stat().st_size > 10_000
 

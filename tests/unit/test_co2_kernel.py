@@ -156,7 +156,7 @@ def test_compiled_chunk_math_equals_the_same_code_run_eagerly(kernel_temperature
 
 @pytest.mark.parametrize("views", [["global", "global"], ["global", "global", "small"]])
 def test_chunks_padded_to_a_bucket_give_the_same_loss_term_and_gradients(views):
-    """Issue 39 row 1: PIC's chunks (4 and 3 rows here) are padded to 64 rows of PAD_LOGIT so the
+    """PIC's chunks (4 and 3 rows here) are padded to 64 rows of PAD_LOGIT so the
     fused term compiles for a few shapes; the padding adds nothing and its gradient rows are dropped."""
     from trainer.classifier.terms.co2 import bucketed_rows
 
@@ -288,7 +288,7 @@ def test_nothing_is_built_with_cpp_extension_at_run_time():
 
 
 def test_both_chunk_functions_are_compiled_during_the_forward_never_inside_the_backward(monkeypatch):
-    """Issue 28 row 13: on CUDA the backward runs on autograd's own thread, mid-step; the
+    """On CUDA the backward runs on autograd's own thread, mid-step; the
     backward's fused function is compiled in the forward, for every chunk shape (11 rows in chunks
     of 4: a shorter last chunk)."""
     from trainer.classifier.terms import co2 as consistency
@@ -354,8 +354,9 @@ def test_a_failed_compile_on_an_accelerator_is_an_error_unless_the_fallback_is_a
 
 
 def test_the_fused_function_is_traced_on_fake_copies_never_run_on_the_real_chunk(monkeypatch):
-    """Issue 39 row 2: a "real" make_fx trace ran the eager function on the chunk itself (its ~25
-    chunk-sized temporaries at once: 12 GiB transient at ImageNet-21K's chunk shape)."""
+    """The trace runs on fake copies: a "real" make_fx trace would run the eager function on the
+    chunk itself (its ~25 chunk-sized temporaries at once: 12 GiB transient at ImageNet-21K's chunk
+    shape)."""
     from torch._subclasses.fake_tensor import FakeTensor
 
     from trainer.classifier.terms import inductor_fusion

@@ -1,4 +1,4 @@
-"""Issue 39 row 8: DALI's source reads ahead on a background thread, so the training thread (which
+"""DALI's source reads ahead on a background thread, so the training thread (which
 DALI calls the source on, inside ``next()``) only picks up finished reads."""
 
 from __future__ import annotations

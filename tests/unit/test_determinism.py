@@ -1,4 +1,4 @@
-"""Issue 28 row 9: bit-identical runs on GPU hosts.  The kernel's row adds avoid CUDA's atomic
+"""Bit-identical runs on GPU hosts.  The kernel's row adds avoid CUDA's atomic
 ``scatter_add_``/``index_add_`` (faked here: the CUDA path is forced on CPU tensors and the atomic
 ops raise), and ``parallel.deterministic`` turns on torch's deterministic mode before CUDA work."""
 

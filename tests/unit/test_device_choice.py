@@ -90,9 +90,14 @@ def test_device_field_is_checked_and_cluster_configs_ask_for_cuda(tmp_path):
 def test_every_rank_says_once_what_it_runs_on(tmp_path, capsys):
     dims = single_process_dims(torch.device("cpu"))
     record = RunRecord(JsonlLog(tmp_path, 5), TrainingMetrics(5), 5, dims.device)
-    record.started(what_runs(dims))
+    facts = what_runs(dims)
+    record.started(facts)
     line = capsys.readouterr().err
-    assert "rank 0/1 (local 0): backend none (single process), device cpu" in line
-    assert f"torch {torch.__version__}" in line and "NCCL" in line and "DALI" in line and "DeepSpeed" in line
     (entry,) = [json.loads(text) for text in (tmp_path / "rank-00005.jsonl").read_text().splitlines()]
     assert entry["event"] == "start" and entry["device"] == "cpu" and entry["cuda"] == (torch.version.cuda or "none")
+    assert (entry["rank"], entry["world_size"], entry["local_rank"]) == (0, 1, 0)
+    assert entry["backend"] == "none (single process)" and entry["torch"] == torch.__version__
+    assert {fact: entry[fact] for fact in facts} == facts  # every fact is in the log
+    # The console line holds every fact too (the one test of what_runs_line).
+    assert len(line.splitlines()) == 1
+    assert all(str(value) in line for value in facts.values()), (facts, line)

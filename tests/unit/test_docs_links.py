@@ -97,13 +97,11 @@ def test_the_leftover_check_finds_a_hunk_a_conflict_and_an_open_fence():
 
 REPO_PATH = re.compile(r"`((?:trainer|data_pipeline|tests|k8s|configs|ds_configs|docs)/[\w/.\-]+?\.(?:py|yaml|json|md))"
                        r"(?::\w+)?`")
-MOVED_TABLE = "## Where files went"  # docs/architecture.md: the old paths of moved files, on purpose
 
 
 def missing_paths(document: Path) -> list[str]:
     """Repository files a document names in backticks (`trainer/engine/trainer.py`) that do not exist."""
-    text = document.read_text().split(MOVED_TABLE)[0]
-    return [path for path in REPO_PATH.findall(text) if not (ROOT / path).exists()]
+    return [path for path in REPO_PATH.findall(document.read_text()) if not (ROOT / path).exists()]
 
 
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))

@@ -1,4 +1,4 @@
-"""`instcls dry-run` (issue 39): the job's step on fake CUDA devices, with no GPU.
+"""`instcls dry-run`: the job's step on fake CUDA devices, with no GPU.
 
 Each objective (and CO2) runs at small N as 4 ranks with nothing found; planted faults (a host
 sync, a device mismatch, one rank's extra collective) are each reported with their line; and the
@@ -38,7 +38,7 @@ def _config(name: str, *overrides: str):
     ("pic_in1k_r50.yaml", ["objective.queue_size=4096", "data.loader.batch_size=512",
                            "data.loader.sampler.window_size=0", "data.loader.sampler.stride=0"], 65536, 0, 4, True),
     ("swav_in1k_r50.yaml", [], 8192, 15, 2, True),  # the queue is on from epoch 15 (no planner model)
-    # PIC with CO2 (issue 39 row 1): the sampled rows per rank change every step; the chunk shapes are
+    # PIC with CO2: the sampled rows per rank change every step; the chunk shapes are
     # bucketed, so the fused term compiles in few steps, not in each (its queue is far from full: no
     # memory comparison with the planner, which counts a full one)
     ("pic_in1k_r50.yaml", ["objective.co2_alpha=0.3", "data.loader.sampler.window_size=0",
@@ -113,7 +113,7 @@ def test_a_planted_host_sync_is_reported_with_its_line(planted):
     assert clean.clean, format_result(clean, config, "planted")
     result = dry_run_job(config, 1024, world_size=4, compare=[0, 1], steps=2)
     text = format_result(result, config, "planted")
-    assert not result.clean and "host syncs per step on the training thread: 1" in text
+    assert not result.clean and len(result.step_syncs()) == 1, text
     [(sync, steps)] = result.step_syncs().items()
     assert (sync.kind, sync.op, steps) == ("device to host", "aten._local_scalar_dense.default", 2)
     assert sync.where.startswith(f"{THIS_FILE}:{_line_of('features.sum().item()')} in loss")
@@ -133,7 +133,8 @@ def test_one_ranks_extra_collective_is_reported_as_a_disagreement(planted):
     assert disagreement.by_rank[0] is None and disagreement.by_rank[3] is None
     assert disagreement.by_rank[2].op == "allreduce_"
     assert disagreement.by_rank[2].where.startswith(f"{THIS_FILE}:{_line_of('dist.all_reduce(self.fc.weight.grad)')}")
-    assert "DISAGREE" in format_result(result, planted("divergence"), "planted")
+    # The report shows each rank's side of it (the one test of format_result's text).
+    assert str(disagreement) in format_result(result, planted("divergence"), "planted")
 
 
 # -- the private PyTorch pieces the dry run relies on ---------------------------------------------

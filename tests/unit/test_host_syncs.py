@@ -1,6 +1,6 @@
 """The host-sync recorder on fake CUDA tensors (no GPU: a CUDA build of torch makes fake ``cuda``
-tensors under FakeTensorMode): planted syncs are each found with their line, and the step's code
-that issue 39 found syncing every step no longer does."""
+tensors under FakeTensorMode): planted syncs are each found with their line, and the step's own
+code (the smoothing weights, Sinkhorn) makes no host sync per step."""
 
 from __future__ import annotations
 
@@ -63,8 +63,8 @@ def test_device_only_work_records_nothing():
 
 
 def test_the_smoothing_weights_and_sinkhorn_make_no_host_sync_per_step():
-    """Issue 39, row 3: the top-K target weights were written element by element from the host, and
-    Sinkhorn made a -inf tensor from host data, at every step."""
+    """The top-K target weights are built on the device (not written element by element from the
+    host) and Sinkhorn makes its -inf tensor without host data, so neither syncs in any step."""
     from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
     from trainer.objectives.swav.sinkhorn import distributed_sinkhorn
     from trainer.parallel import single_process_dims

@@ -13,6 +13,7 @@ from data_pipeline.ingest.ingest_state import Part
 from data_pipeline.ingest.make_shards import ShardSettings, write_shards
 from data_pipeline.ingest.shard_merge import merge_shards
 from data_pipeline.ingest.sources.generated import Source, synthetic
+from data_pipeline.shardset.manifest import ShardManifest
 from trainer.cli import main
 
 SETTINGS = ShardSettings(prefix="syn", samples_per_shard=4, workers=1)
@@ -100,12 +101,14 @@ def test_cli_parts_and_merge(tmp_path, capsys):
     assert main(["merge-shards", out]) == 2
     assert "3 of 5 shards are not written yet (0, 2, 4)" in capsys.readouterr().err
     assert main(common + ["--part", "0/2"]) == 0 and main(["merge-shards", out]) == 0
-    assert "wrote 9 instances in 5 shard(s)" in capsys.readouterr().out
+    merged = ShardManifest.load(out)
+    assert (merged.num_instances, len(merged.shards)) == (9, 5)
+    capsys.readouterr()
     assert main(common + ["--part", "2/2"]) == 2
     assert "--part '2/2': write I/K with 0 <= I < K" in capsys.readouterr().err
     os.remove(os.path.join(out, "manifest.json"))
     assert main(common) == 0, "every shard is done: the rerun only merges"
-    assert "wrote 9 instances" in capsys.readouterr().out
+    assert ShardManifest.load(out) == merged
     started = time.monotonic()
     assert main(["merge-shards", str(tmp_path / "nothing")]) == 2
     assert "holds no ingest to merge" in capsys.readouterr().err and time.monotonic() - started < 5

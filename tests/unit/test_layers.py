@@ -4,7 +4,11 @@ cycle, they do not remove it), and the library layers of the trainer reach the d
 through its contract module.  A failure names the offending import.
 
     foundation < parallel < data < observability < models < classifier < objectives < config
-               < checkpoint < evaluation < engine < tools < cli
+               < checkpoint < evaluation < engine < tools < cli < api
+
+The package ``trainer`` itself (its ``__init__``: ``trainer.train``, ``Trainer``, ``load_job_config``,
+imported on first use) is the API layer on top; a module of the package that no layer lists is an
+error, not a module of that layer.
 
 Inside the data pipeline: shardset (the on-disk format) < ingest, and shardset < loading; ingest
 and loading never import each other.  docs/architecture.md explains each layer and where a new
@@ -20,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("trainer", "data_pipeline", "ds_configs")
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundation", ("trainer", "trainer.exit_codes", "trainer.checks", "trainer.failpoints", "ds_configs")),
+    ("foundation", ("trainer.exit_codes", "trainer.checks", "trainer.failpoints", "trainer.version",
+                    "ds_configs")),
     ("parallel", ("trainer.parallel",)),
     ("data", ("data_pipeline",)),
     ("observability", ("trainer.observability",)),
@@ -34,7 +39,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("tools", ("trainer.bench", "trainer.drills", "trainer.selftest", "trainer.ablations", "trainer.dry_run",
                "trainer.rehearsal")),
     ("cli", ("trainer.cli",)),
+    ("api", ("trainer",)),
 ]
+# Layers named by a whole module, not a prefix: the package's __init__ only.
+EXACT = {"trainer"}
 DATA_LAYERS = {"data_pipeline.shardset": 0, "data_pipeline.ingest": 1, "data_pipeline.loading": 1,
                "data_pipeline.contract": 2, "data_pipeline": 0}
 # The trainer's library layers see the data pipeline through this module only (the tools and the
@@ -77,7 +85,7 @@ def layer_of(module: str) -> int:
     best, found = -1, None
     for index, (_, prefixes) in enumerate(LAYERS):
         for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+            if (module == prefix or (module.startswith(prefix + ".") and prefix not in EXACT)) and len(prefix) > best:
                 best, found = len(prefix), index
     if found is None:
         raise AssertionError(f"{module} has no layer: add its package to LAYERS in tests/unit/test_layers.py")

@@ -1,11 +1,31 @@
 """The memory planner's arithmetic and its answers to "does it fit?"."""
 
+import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from trainer.bench.planner import GIB, PlanInput, classifier_breakdown, format_plan, largest_classes, predict, total
+from trainer.bench.planner import (
+    GIB,
+    PlanInput,
+    classifier_breakdown,
+    format_plan,
+    largest_classes,
+    plan_modes,
+    predict,
+    total,
+)
+
+
+def planned(tmp_path, *args: str) -> dict:
+    """`instcls plan ARGS`, as the per-mode plan its --json writes."""
+    from trainer.cli import main
+
+    path = tmp_path / "plan.json"
+    assert main(["plan", *args, "--json", str(path)]) == 0
+    return json.loads(path.read_text())
 
 
 def test_sharding_divides_the_classifier_state_by_the_ranks():
@@ -41,9 +61,18 @@ def test_backbone_terms_follow_zero_partitioning():
 
 
 def test_report_says_whether_each_mode_fits():
-    report = format_plan(PlanInput(mode="dhp", num_classes=14_197_122, ranks=2, batch=256, device="cpu"), 12 * GIB)
-    assert "DDP: N=14,197,122" in report and "does NOT fit in 12 GiB" in report
-    assert "DHP: N=14,197,122" in report and "fits in 12 GiB" in report
+    plan = PlanInput(mode="dhp", num_classes=14_197_122, ranks=2, batch=256, device="cpu")
+    modes = plan_modes(plan, 12 * GIB)
+    assert modes["ddp"]["total_bytes"] == total(replace(plan, mode="ddp")) > 12 * GIB and not modes["ddp"]["fits"]
+    assert modes["dhp"]["total_bytes"] == total(plan) <= 12 * GIB and modes["dhp"]["fits"]
+    # The printed plan is these figures, one block per mode (the one test of format_plan's text).
+    blocks = re.split(r"\n(?! )", format_plan(plan, 12 * GIB))
+    assert len(blocks) == len(modes)
+    for block, (mode, figures) in zip(blocks, modes.items()):
+        assert f"{plan.num_classes:,}" in block and f"{figures['total_bytes'] / GIB:.2f} GiB" in block, mode
+        for name, value in figures["breakdown"].items():
+            assert re.search(rf"{re.escape(name)} +{value / GIB:.3f} GiB", block), (mode, name)
+        assert figures["largest_classes"] is None or f"{figures['largest_classes']:,}" in block, mode
 
 
 def test_logits_cache_is_planned_only_when_it_fits_its_budget():
@@ -56,12 +85,12 @@ def test_logits_cache_is_planned_only_when_it_fits_its_budget():
     assert predict(PlanInput(mode="ddp", logits_cache_bytes=cache, **plan))["logits cache"] == cache
 
 
-def test_plan_command_reports_the_cache(capsys):
-    from trainer.cli import main
-
-    assert main("plan --num-classes 1000000 --ranks 2 --batch 256 --views 1 --cpu --logits-cache-gib 1".split()) == 0
-    report = capsys.readouterr().out
-    assert report.count("logits cache") == 2 and f"{256 * 500_000 * 4 / GIB:.3f} GiB" in report
+def test_plan_command_reports_the_cache(tmp_path):
+    args = "--num-classes 1000000 --ranks 2 --batch 256 --views 1 --cpu --logits-cache-gib 1"
+    modes = planned(tmp_path, *args.split())
+    cache = 256 * 500_000 * 4
+    assert {mode: p["breakdown"].get("logits cache") for mode, p in modes.items()} == {"ddp": cache, "dhp": cache,
+                                                                                      "pic": None}
 
 
 def test_pic_rows_off_the_device_make_device_memory_independent_of_n():
@@ -73,8 +102,7 @@ def test_pic_rows_off_the_device_make_device_memory_independent_of_n():
     assert predict(on_device)["classifier weights"] == 6_250_000 * 128 * 4
     full = PlanInput(mode="dhp", num_classes=50_000_000, ranks=8, batch=512, device="cpu")
     assert total(full) > 3 * total(on_device) / 2 > total(large)
-    text = format_plan(large, 16 * GIB)
-    assert "PIC (K=65,536 recent ids, rows on host)" in text and "any (device memory does not grow with N)" in text
+    assert plan_modes(large, 16 * GIB)["pic"]["largest_classes"] is None  # any N fits
 
 
 @pytest.mark.parametrize("cached", [False, True])
@@ -120,7 +148,7 @@ def test_co2_term_adds_no_workspace_buffers_and_plans_one_block(monkeypatch, cac
 
 
 def test_a_gpu_plan_counts_zero_buckets_and_dali_buffers():
-    """Issue 28 row 6: what DeepSpeed and DALI hold on the device besides the model."""
+    """What DeepSpeed and DALI hold on the device besides the model."""
     from trainer.bench.planner import DEEPSPEED_REDUCE_BUCKET, PlanInput
 
     base = dict(mode="dhp", num_classes=1_000_000, ranks=8, batch=1024, backbone="resnet50", dtype="bfloat16")
@@ -152,8 +180,8 @@ def test_the_plan_reads_zero_settings_from_a_deepspeed_config():
 
 
 def test_zero3_buckets_and_fp32_gradients_are_planned():
-    """Issue 39 row 4: ZeRO-3's reduce and prefetch buckets were not counted; fp32 gradients of a
-    bf16 backbone cost 4 bytes per (partitioned) parameter and per bucket element."""
+    """ZeRO-3's reduce and prefetch buckets are counted; fp32 gradients of a bf16 backbone cost 4
+    bytes per (partitioned) parameter and per bucket element."""
     from trainer.bench.planner import PlanInput, backbone_breakdown, deepspeed_settings, runtime_breakdown
     from trainer.engine.deepspeed_setup import load_deepspeed_config
 
@@ -177,23 +205,22 @@ def test_a_config_is_planned_as_the_job_it_describes(tmp_path, capsys):
         "dhp", 1_281_167, 64, 64 * 64, 128, "resnet50", 224, 2, 1, "bfloat16", True, "gpu")
     pic = plan_input_from_config(load_job_config(repo / "configs/pic_in1k_r50.yaml", []), 8, 1000)
     assert (pic.mode, pic.row_store, pic.queue) == ("pic", "host", 65536)
-    from trainer.cli import main
-
-    assert main(["plan", "--config", str(repo / "configs/in1k_r50_64gpu.yaml"), "--ranks", "64", "--num-classes",
-                 "1000", "--cpu"]) == 0  # --cpu holds with --config too: no CUDA context is counted
-    assert "CUDA context" not in capsys.readouterr().out
+    modes = planned(tmp_path, "--config", str(repo / "configs/in1k_r50_64gpu.yaml"), "--ranks", "64",
+                    "--num-classes", "1000", "--cpu")  # --cpu holds with --config too: no CUDA context is counted
+    assert not [name for p in modes.values() for name in p["breakdown"] if "CUDA context" in name]
     missing = load_job_config(repo / "configs/in1k_r50_64gpu.yaml", [f"data.train_shards={tmp_path}"])
     with pytest.raises(ValueError, match=f"data.train_shards={tmp_path} has no manifest.json .* --num-classes N"):
         plan_input_from_config(missing, 64, None)
 
 
-def test_the_plan_counts_the_backbone_by_default_and_refuses_bad_numbers(capsys):
+def test_the_plan_counts_the_backbone_by_default_and_refuses_bad_numbers(tmp_path, capsys):
     from trainer.cli import main
 
-    assert main(["plan", "--num-classes", "1000", "--ranks", "2"]) == 0
-    assert "backbone activations" in capsys.readouterr().out
-    assert main(["plan", "--num-classes", "1000", "--ranks", "2", "--backbone", "none"]) == 0
-    assert "backbone" not in capsys.readouterr().out
+    modes = planned(tmp_path, "--num-classes", "1000", "--ranks", "2")
+    assert all(p["breakdown"]["backbone activations"] > 0 for p in modes.values())
+    modes = planned(tmp_path, "--num-classes", "1000", "--ranks", "2", "--backbone", "none")
+    assert not [name for p in modes.values() for name in p["breakdown"] if "backbone" in name]
+    capsys.readouterr()  # the plans printed
     for flag, value in [("--num-classes", "-5"), ("--ranks", "0"), ("--gpu-memory-gib", "0"), ("--batch", "x")]:
         with pytest.raises(SystemExit):
             main(["plan", "--num-classes", "1000", "--ranks", "2", flag, value])
@@ -201,7 +228,7 @@ def test_the_plan_counts_the_backbone_by_default_and_refuses_bad_numbers(capsys)
 
 
 def test_a_gpu_plan_without_a_term_runs_the_fused_kernels_and_holds_no_logits():
-    """On GPUs the classifier runs the fused Triton kernels (issue 42): no chunk workspace and no
+    """On GPUs the classifier runs the fused Triton kernels: no chunk workspace and no
     logits cache, only their per-sample buffers; CO2 and CPUs keep the chunked workspace."""
     plan = PlanInput(mode="dhp", num_classes=14_197_122, ranks=64, batch=4096, dtype="bfloat16",
                      logits_cache_bytes=64 * GIB, targets=101)

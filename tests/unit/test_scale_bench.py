@@ -23,8 +23,12 @@ def test_bench_scale_measures_every_item_at_both_sizes(tmp_path, capsys):
     small, large = summary["results"]["1500"], summary["results"]["6000"]
     assert small.keys() == large.keys() and len(large) == 11
     assert all(m["seconds"] > 0 and m["peak_mib"] >= 0 for m in [*small.values(), *large.values()])
+    # Each item's row shows when it runs and the growth verdict of its two timings (the one test of
+    # format_report's text).
     for item in large:
-        assert f"| {item} | per {when(item)} |" in report
+        (row,) = [line for line in report.splitlines() if line.startswith(f"| {item} |")]
+        ratio = large[item]["seconds"] / small[item]["seconds"]
+        assert when(item) in row and verdict(item, ratio, 6000 / 1500) in row, row
     assert "checkpoint rows re-split 4 -> 3 ranks (one rank)" in large
     assert sum(when(item) == PER_STEP for item in large) == 4
 
@@ -58,4 +62,8 @@ def test_bench_ingest_times_each_way_in_for_each_worker_count(tmp_path, capsys):
     assert [(row["run"], row["workers"]) for row in rows] == [
         ("folder -> shards, JPEGs kept", 1), ("folder -> shards, --max-side 256", 1), ("tars indexed in place", 1)]
     assert all(row["images_per_s"] == pytest.approx(12 / row["seconds"]) for row in rows)
-    assert "| tars indexed in place | 1 |" in capsys.readouterr().out
+    # Each row's run, workers and rate are a row of the printed table (the one test of its text).
+    printed = capsys.readouterr().out.splitlines()
+    for row in rows:
+        (line,) = [line for line in printed if line.startswith(f"| {row['run']} |")]
+        assert f"| {row['workers']} | {row['seconds']:.1f} | {row['images_per_s']:.0f} |" in line, line

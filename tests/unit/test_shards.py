@@ -179,7 +179,10 @@ def test_cli_make_and_validate(tmp_path, capsys):
     out = tmp_path / "synthetic"
     assert main(["make-shards", "--source", "synthetic", "--count", "12", "--image-size", "24", "--out", str(out),
                  "--samples-per-shard", "5", "--no-progress"]) == 0
-    assert "wrote 12 instances in 3 shard(s)" in capsys.readouterr().out
+    manifest = ShardManifest.load(out)
+    assert (manifest.num_instances, len(manifest.shards)) == (12, 3)
+    # The line it ends with gives those counts (the one test of that line's text).
+    assert f"wrote {manifest.num_instances} instances in {len(manifest.shards)} shard(s)" in capsys.readouterr().out
     assert main(["validate-shards", str(out)]) == 0
     (out / "manifest.json").unlink()
     assert main(["validate-shards", str(out)]) == 2

@@ -20,7 +20,7 @@ ABLATION_EPOCHS = 10
 EVAL_EVERY = 2  # ~1.2 s each; the same for every run, so the demo's recipe is one run in 3 ablations
 EARLY_EPOCH = 4  # Table 4's "early": 40% of the run
 
-# The paper's K = 100 hardest of 1.28M instances means ~8% of one ImageNet class (1,281 images).
+# One-Million-Way's K = 100 hardest of 1.28M instances means ~8% of one ImageNet class (1,281 images).
 # The scenes have ~144 training images per digit, so the same share is K ~ 10.
 SCALED_TOP_K = 10
 
@@ -47,7 +47,7 @@ SWAV_OBJECTIVE = {
     "queue_start_epoch": 2,
 }
 SWAV_LR = "optim.base_lr=0.1"  # plain SGD without LARS: the demo's 0.48 collapses SwAV's codes
-# Two small crops, not the paper's six: with one CPU core per rank, DALI's crops dominate the step
+# Two small crops, not SwAV's six: with one CPU core per rank, DALI's crops dominate the step
 # (four small crops made an epoch 2.6x longer).
 MULTI_CROP = (
     "data.loader.augment.small_crops=2",
@@ -113,7 +113,7 @@ ABLATIONS: tuple[Ablation, ...] = (
     Ablation(
         name="init",
         title="Contrastive-prior vs Gaussian initialisation of the classifier",
-        source="Paper 000, Table 4",
+        source="One-Million-Way, Table 4",
         published="Initialising W from the random network's own features beats Gaussian rows early "
         "in training; the gap shrinks as training goes on.",
         variants=(Variant("contrastive prior"), Variant("Gaussian", ("objective.contrastive_prior=false",))),
@@ -126,7 +126,7 @@ ABLATIONS: tuple[Ablation, ...] = (
     Ablation(
         name="head",
         title="MLP head vs a linear head",
-        source="Paper 000, Table 2",
+        source="One-Million-Way, Table 2",
         published="A 2-layer MLP head before the classifier improves the backbone's features.",
         variants=(Variant("MLP head"), Variant("linear head", ("model.head=linear",))),
         claims=(Claim("beats", "MLP head", "linear head"),),
@@ -134,7 +134,7 @@ ABLATIONS: tuple[Ablation, ...] = (
     Ablation(
         name="smoothing",
         title="Top-K hardest label smoothing, and its K and alpha",
-        source="Paper 000, Tables 2 and 5",
+        source="One-Million-Way, Tables 2 and 5",
         published="Smoothing the labels over the K = 100 hardest instances with alpha = 0.2 is at least "
         "as good as no smoothing; Table 5 sweeps K and alpha around that choice.",
         variants=(
@@ -152,7 +152,7 @@ ABLATIONS: tuple[Ablation, ...] = (
     Ablation(
         name="negatives",
         title="Full softmax vs recent-negative sampling (PIC)",
-        source="Paper 000, Table 3 / PIC",
+        source="One-Million-Way, Table 3 / PIC",
         published="Scoring only the batch plus the K most recent instances loses little against the full "
         "softmax over all N; the full softmax stays slightly better.",
         variants=(

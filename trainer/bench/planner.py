@@ -252,19 +252,31 @@ def largest_classes(plan: PlanInput, capacity_bytes: int) -> int:
     return low
 
 
-def format_plan(plan: PlanInput, capacity_bytes: int) -> str:
-    lines = []
+def plan_modes(plan: PlanInput, capacity_bytes: int) -> dict[str, dict]:
+    """What ``format_plan`` prints, per mode (ddp, dhp, pic): the breakdown in bytes, its total, whether
+    it fits ``capacity_bytes`` and the largest N that does (None: any N).  `instcls plan --json` writes it."""
+    modes = {}
     for mode in ("ddp", "dhp", "pic"):
         variant = replace(plan, mode=mode, update_in_backward=plan.update_in_backward and mode == "dhp")
         breakdown = predict(variant)
         need = sum(breakdown.values())
-        verdict = "fits" if need <= capacity_bytes else "does NOT fit"
+        largest = largest_classes(variant, capacity_bytes)
+        modes[mode] = dict(breakdown=breakdown, total_bytes=need, fits=need <= capacity_bytes,
+                           largest_classes=None if largest >= UNBOUNDED_CLASSES // 2 else largest)
+    return modes
+
+
+def format_plan(plan: PlanInput, capacity_bytes: int) -> str:
+    lines = []
+    for mode, planned in plan_modes(plan, capacity_bytes).items():
+        verdict = "fits" if planned["fits"] else "does NOT fit"
         label = mode.upper() if mode != "pic" else f"PIC (K={plan.queue:,} recent ids, rows on {plan.row_store})"
         lines.append(f"{label}: N={plan.num_classes:,}, T={plan.ranks}, batch {plan.batch}, D={plan.dim}, "
-                     f"{plan.dtype}: {need / GIB:.2f} GiB per rank -> {verdict} in {capacity_bytes / GIB:g} GiB")
-        for name, value in breakdown.items():
+                     f"{plan.dtype}: {planned['total_bytes'] / GIB:.2f} GiB per rank -> {verdict} in "
+                     f"{capacity_bytes / GIB:g} GiB")
+        for name, value in planned["breakdown"].items():
             lines.append(f"    {name:<42}{value / GIB:>10.3f} GiB")
-        largest = largest_classes(variant, capacity_bytes)
+        largest = planned["largest_classes"]
         lines.append("    largest N that fits: " + ("any (device memory does not grow with N)"
-                                                     if largest >= UNBOUNDED_CLASSES // 2 else f"{largest:,}"))
+                                                     if largest is None else f"{largest:,}"))
     return "\n".join(lines)

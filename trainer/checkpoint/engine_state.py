@@ -23,8 +23,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import deepspeed
-from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
 from torch import nn
 
 from trainer.checkpoint.checkpoint_files import MODEL_FILE, OPTIMIZER_FILE, load_model_weights, read_trainer_meta
@@ -39,6 +37,7 @@ from trainer.checkpoint.safe_load import load_data, refuse_pickled_code
 from trainer.checkpoint.save_plan import FailPoint, FileWrite, HostBuffers, SavePlan
 from trainer.failpoints import fail_point
 from trainer.parallel import ParallelDims
+from trainer.parallel.deepspeed_import import CheckpointEngine, deepspeed
 
 DEEPSPEED_FOLDER = "deepspeed"
 

@@ -21,7 +21,8 @@ under ZeRO and are not per parameter.
 from __future__ import annotations
 
 import torch
-from deepspeed.utils import (
+
+from trainer.parallel.deepspeed_import import (
     safe_get_full_fp32_param,
     safe_get_full_optimizer_state,
     safe_set_full_fp32_param,

@@ -1,5 +1,6 @@
 """The `instcls` command line.
 
+    instcls --version
     instcls launch TORCHRUN_ARGS...     (torchrun with Kubernetes exit codes: 0 done, 143 preempted, 2-4 permanent)
     instcls train --config FILE [--set section.field=value ...] [--resume auto|none|PATH]   (under torchrun)
     instcls eval knn|linear --config FILE --checkpoint DIR
@@ -30,12 +31,14 @@ import sys
 # One module per command area; each registers its commands and calls the code that does the work.
 from trainer.cli import ablate, bench, drill, dry_run, evaluation, plan, selftest, shards, training
 from trainer.exit_codes import ExitCode, record_failure_cause
+from trainer.version import package_version
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="instcls", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--version", action="version", version=f"instcls {package_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     # the order of `instcls --help`
     for area in (training, evaluation, ablate, plan, dry_run, shards, drill, bench, selftest):

@@ -68,7 +68,7 @@ def _run_classifier(args: argparse.Namespace) -> int:
 def _add_data(benchmarks) -> None:
     from trainer.bench.data_bench import DataBenchSettings
 
-    _add_bench(benchmarks, "data", DataBenchSettings, _run_data, json_output=False,
+    _add_bench(benchmarks, "data", DataBenchSettings, _run_data,
                help="images/s of the DALI loader vs the PIL + torchvision fallback")
 
 
@@ -76,8 +76,8 @@ def _run_data(args: argparse.Namespace) -> int:
     from trainer.bench.data_bench import DataBenchSettings, format_report, run
 
     settings = settings_from_args(DataBenchSettings, args)
-    print(format_report(settings, run(settings)))
-    return 0
+    summary = run(settings)
+    return _report(args, format_report(settings, summary), summary)
 
 
 def _add_ddp_vs_dhp(benchmarks) -> None:

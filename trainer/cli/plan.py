@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 BACKBONES = ["resnet10", "resnet18", "resnet34", "resnet50", "resnet101"]
@@ -60,13 +61,14 @@ def register(commands) -> None:
                         help="the classifier's path (auto: the fused Triton kernels on GPUs without CO2)")
     parser.add_argument("--top-k", type=_at_least(0), default=0,
                         help="hard negatives per sample with top-K smoothing (0: none): the fused path's target rows")
+    parser.add_argument("--json", type=Path, help="also write the plan (bytes per term, per mode) to this JSON file")
     parser.set_defaults(handler=_run_plan)
 
 
 def _run_plan(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from trainer.bench.planner import GIB, PlanInput, deepspeed_settings, format_plan
+    from trainer.bench.planner import GIB, PlanInput, deepspeed_settings, format_plan, plan_modes
     from trainer.engine.deepspeed_setup import load_deepspeed_config
 
     if args.config is not None:
@@ -93,5 +95,8 @@ def _run_plan(args: argparse.Namespace) -> int:
 
         ds_file = ds_configs.resolve(args.deepspeed_config)  # a shipped name, or a path from here
         plan = replace(plan, **deepspeed_settings(load_deepspeed_config(ds_file, 1)))
-    print(format_plan(plan, int(args.gpu_memory_gib * GIB)))
+    capacity = int(args.gpu_memory_gib * GIB)
+    print(format_plan(plan, capacity))
+    if args.json:
+        args.json.write_text(json.dumps(plan_modes(plan, capacity), indent=2))
     return 0

@@ -30,31 +30,21 @@ def _run_train(args: argparse.Namespace) -> int:
     from trainer.config import load_job_config
     from trainer.engine.stop_conditions import NonFiniteLossError
     from trainer.engine.trainer import Trainer
+    from trainer.engine.training_job import training_process_group
     from trainer.exit_codes import ExitCode
-    from trainer.parallel import init_distributed
-    from trainer.parallel.determinism import apply_determinism
-    from trainer.parallel.dims import shutdown_distributed
-    from trainer.parallel.host_memory import keep_freed_host_memory
-    from trainer.parallel.single_process import describe_single_process_job
 
     config = load_job_config(args.config, args.overrides)
-    if (single := describe_single_process_job()) is not None:
-        print(f"[instcls] {single}", file=sys.stderr)
-    apply_determinism(config.parallel.deterministic)  # before init_distributed's first CUDA call
-    dims = init_distributed(config.parallel.classifier_parallel_size, device=config.parallel.device)
-    keep_freed_host_memory(dims.device)  # CPU ranks: chunk temporaries stop page-faulting
-    try:
-        result = Trainer(config, dims, resume=args.resume).train()
-    except NonFiniteLossError as error:
-        return _failed(f"instcls: rank {dims.rank}: {error}", ExitCode.NONFINITE_LOSS)
-    except CheckpointWriteError as error:
-        return _failed(f"instcls: error: {error}", ExitCode.CHECKPOINT_WRITE_FAILED)
-    except CheckpointInterrupted as error:
-        # Not this rank's fault: the rank that failed first exits with the code that says why.
-        print(f"instcls: error: {error}", file=sys.stderr)
-        return ExitCode.CRASHED
-    finally:
-        shutdown_distributed()
+    with training_process_group(config) as dims:  # what trainer.train() runs too
+        try:
+            result = Trainer(config, dims, resume=args.resume).train()
+        except NonFiniteLossError as error:
+            return _failed(f"instcls: rank {dims.rank}: {error}", ExitCode.NONFINITE_LOSS)
+        except CheckpointWriteError as error:
+            return _failed(f"instcls: error: {error}", ExitCode.CHECKPOINT_WRITE_FAILED)
+        except CheckpointInterrupted as error:
+            # Not this rank's fault: the rank that failed first exits with the code that says why.
+            print(f"instcls: error: {error}", file=sys.stderr)
+            return ExitCode.CRASHED
     code = ExitCode.PREEMPTED if result.stopped_by == "sigterm" else ExitCode.FINISHED
     if dims.rank == 0:
         print(f"instcls train: stopped ({result.stopped_by}) at epoch {result.state.epoch} step "

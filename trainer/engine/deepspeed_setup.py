@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import deepspeed
 import torch
 from torch import nn
 
 from trainer.config import ConfigError
+from trainer.parallel.deepspeed_import import deepspeed
 
 
 def load_deepspeed_config(path: Path, micro_batch: int) -> dict:

@@ -47,6 +47,7 @@ from trainer.observability.logs import JsonlLog
 from trainer.observability.metrics import TrainingMetrics
 from trainer.observability.progress import epoch_bar
 from trainer.observability.step_phases import StepPhases
+from trainer.observability.tensorboard_scalars import open_tensorboard_scalars
 from trainer.observability.what_runs import what_runs
 from trainer.parallel import ParallelDims
 from trainer.parallel.batch_norm import apply_batch_norm_mode
@@ -72,7 +73,8 @@ class TrainResult:
 class Trainer:
     def __init__(self, config: JobConfig, dims: ParallelDims, resume: str | None = None) -> None:
         self.config, self.dims = config, dims
-        self.log = JsonlLog(config.logging.dir, dims.rank)
+        self.log = JsonlLog(config.logging.dir, dims.rank,
+                            open_tensorboard_scalars(config.logging.tensorboard, config.logging.dir, dims.rank))
         self.metrics = TrainingMetrics(dims.rank)
         self.record = RunRecord(self.log, self.metrics, dims.rank, dims.device)
         self.phases = StepPhases(dims.device)  # where each step's time goes, without a device sync
@@ -183,6 +185,12 @@ class Trainer:
     # -- the loop --------------------------------------------------------------------------
 
     def train(self) -> TrainResult:
+        try:
+            return self._train()
+        finally:
+            self.log.close()  # and its TensorBoard events, flushed: on a NaN stop or a crash too
+
+    def _train(self) -> TrainResult:
         config, state = self.config, self.state
         self.engine.train()  # the objective's start-up pass (e.g. the contrastive prior) sees train-mode BatchNorm
         start = time.perf_counter()
@@ -207,7 +215,6 @@ class Trainer:
             self.record.summary(config.objective.name, state.epoch, state.global_step, self.dims.world_size)
             if config.eval.knn_at_end:
                 scores = self.evaluate(final=True)
-        self.log.close()
         return TrainResult(state, stopped_by, self.checkpointer.last_complete, scores)
 
     def _train_epoch(self) -> str:

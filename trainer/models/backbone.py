@@ -42,7 +42,7 @@ class ModelConfig:
         their names).  The first steps pay the compile; inductor's cache (``TORCHINDUCTOR_CACHE_DIR``)
         keeps it for later pods.  Opt-in.
     batch_norm: how the data-parallel ranks share BatchNorm: "local" (each rank's own batch
-        statistics, PIC's and paper 000's choice; the running statistics are averaged over the
+        statistics, PIC's and One-Million-Way's choice; the running statistics are averaged over the
         ranks before every evaluation and save, so every rank holds, scores and saves one
         network) or "sync" (``torch.nn.SyncBatchNorm`` over the ranks, SwAV's choice; CUDA only).
         See ``trainer.parallel.batch_norm``.

@@ -9,20 +9,28 @@ from pathlib import Path
 import torch
 
 from trainer.observability.memory import current_rss_bytes
+from trainer.observability.tensorboard_scalars import TensorBoardScalars
 
 
 class JsonlLog:
-    def __init__(self, directory: Path, rank: int) -> None:
+    """``scalars``: also hands every record to it (``TensorBoardScalars``), so the two never differ."""
+
+    def __init__(self, directory: Path, rank: int, scalars: TensorBoardScalars | None = None) -> None:
         Path(directory).mkdir(parents=True, exist_ok=True)
         self.path = Path(directory) / f"rank-{rank:05d}.jsonl"
         self._file = open(self.path, "a", buffering=1)
+        self.scalars = scalars
 
     def write(self, **record) -> None:
         record = {"time": round(time.time(), 3), **record}
         self._file.write(json.dumps(record) + "\n")
+        if self.scalars is not None:
+            self.scalars.write(record)
 
     def close(self) -> None:
         self._file.close()
+        if self.scalars is not None:
+            self.scalars.close()
 
 
 def memory_readings(device: torch.device) -> dict[str, int]:

@@ -28,7 +28,7 @@ def _dali() -> str:
 
 
 def _deepspeed() -> str:
-    import deepspeed
+    from trainer.parallel.deepspeed_import import deepspeed
 
     return deepspeed.__version__
 

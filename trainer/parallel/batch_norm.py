@@ -1,6 +1,6 @@
 """How BatchNorm layers are shared by the data-parallel ranks: ``model.batch_norm``.
 
-- ``local`` (default; PIC's and paper 000's choice): each rank normalises with its own batch's
+- ``local`` (default; PIC's and One-Million-Way's choice): each rank normalises with its own batch's
   statistics, and each rank's running statistics follow its own batches.  Left alone, the ranks
   then hold T different networks: training-mode forwards never read the running statistics, but
   every evaluation and every saved ``model.pt`` does.  ``averaged_running_statistics`` makes them

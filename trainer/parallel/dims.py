@@ -211,6 +211,13 @@ def build_classifier_groups(
 
 
 def shutdown_distributed() -> None:
-    """Destroy the default process group if this process created one."""
-    if dist.is_initialized():
+    """Destroy the default process group if this process created one.  Where DeepSpeed used it, its
+    own ``destroy_process_group`` does it: DeepSpeed keeps a copy of the world group, which the next
+    job of the same process (a notebook's second ``trainer.train``) would otherwise find dead."""
+    if not dist.is_initialized():
+        return
+    deepspeed_comm = sys.modules.get("deepspeed.comm")  # never imported for this: present only if used
+    if deepspeed_comm is not None and deepspeed_comm.is_initialized():
+        deepspeed_comm.destroy_process_group()
+    else:
         dist.destroy_process_group()

@@ -1,4 +1,4 @@
-"""CO2's consistency term (seed 004), fused into the chunked cosine-softmax kernel.
+"""CO2's consistency term (Wei et al., ICLR 2021), fused into the chunked cosine-softmax kernel.
 
 For an image with global views a and b, the negatives are the scored rows other than its own;
 ``s_j = <x, w_j/|w_j|> / tau_con``, ``P = softmax(s_a)``, ``Q = softmax(s_b)`` over them and

@@ -1,4 +1,4 @@
-"""``instance``: the paper's method (seed 000) on the sharded cosine classifier.
+"""``instance``: One-Million-Way's method (Liu et al., AAAI 2021) on the sharded cosine classifier.
 
 Every image is its own class of an N-way cosine softmax (temperature 0.15) whose weight matrix is
 sharded over the classifier group (DHP) or replicated (the DDP baseline).  Two techniques:

@@ -18,7 +18,7 @@ memory at all:
 Writes to a host or disk store from a GPU do not wait for it: the rows are copied into pinned
 staging memory asynchronously, with an event, and put in place at the next read, fill or flush
 (``settle``), by which time the copy has long finished.  A blocking device-to-host copy at every
-write-back would stall the training thread once per step (issue 39, row 3).
+write-back would stall the training thread once per step.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``swav``: swapped prediction of online cluster codes (seed 003), with multi-crop.
+"""``swav``: swapped prediction of online cluster codes (SwAV, Caron et al., NeurIPS 2020), with multi-crop.
 
 Per step, with features z_v of every view (L2-normalised) and K prototypes c_k (unit rows):
 
