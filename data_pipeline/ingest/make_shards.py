@@ -3,7 +3,8 @@
 The listing is shuffled with the seed (stored order = training read order within a shard, so
 shards are not class-sorted) and cut into shards of ``samples_per_shard`` images before anything
 is written: shard j holds positions ``[j*S, (j+1)*S)`` of that order, minus the images that fail
-to decode.  Shards are written in parallel (``data_pipeline.ingest.parallel_ingest``), each by
+to decode.  A part of several holds only its shards' images (``data_pipeline.ingest.part_listing``).
+Shards are written in parallel (``data_pipeline.ingest.parallel_ingest``), each by
 ``data_pipeline.ingest.shard_writer``; the merge (``data_pipeline.ingest.shard_merge``) then numbers the
 samples 0..N-1 in shard order and writes the manifest last.
 """
@@ -13,10 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from data_pipeline.ingest.ingest_state import IngestPlan, Part
 from data_pipeline.ingest.parallel_ingest import run_ingest
+from data_pipeline.ingest.part_listing import list_part
 from data_pipeline.ingest.shard_writer import BadImageError, ShardJob, checked_jpeg, shard_name, write_shard
 from data_pipeline.ingest.sources.generated import Source
 from data_pipeline.shardset.manifest import ShardManifest
@@ -50,21 +50,22 @@ class ShardSettings:
 def write_shards(source: Source, out_dir: Path, settings: ShardSettings, progress: bool = True,
                  part: Part = Part()) -> ShardManifest | None:
     """Write ``part`` of the shards of ``source`` (resuming a killed run), and, for the only part,
-    the manifest; returns it (None for one part of several: ``merge_shards`` comes after all)."""
+    the manifest; returns it (None for one part of several: ``merge_shards`` comes after all).
+    A part holds only its share of the listing (``part_listing``)."""
     out_dir = Path(out_dir)
-    count, size = len(source.images), settings.samples_per_shard
-    if count == 0:
+    size = settings.samples_per_shard
+    if len(source.images) == 0:
         raise BadImageError(f"{source.name} lists no images")
-    plan = IngestPlan(kind="images", source=source.name, listing_sha256=source.listing_sha256(), count=count,
-                      num_shards=-(-count // size), class_names=source.class_names,
+    listing = list_part(source, size, settings.seed, part)
+    count = listing.count
+    plan = IngestPlan(kind="images", source=source.name, listing_sha256=listing.sha256, count=count,
+                      num_shards=listing.num_shards, class_names=source.class_names,
                       settings={"prefix": settings.prefix, "samples_per_shard": size, "seed": settings.seed,
                                 "max_side": settings.max_side})
-    order = np.random.default_rng(settings.seed).permutation(count)
 
     def make_job(number: int) -> ShardJob:
-        first = number * size
-        images = [source.images[int(i)] for i in order[first:first + size]]
-        return ShardJob(str(out_dir), settings.prefix, number, first, images, settings.max_side, settings.on_bad_image)
+        return ShardJob(str(out_dir), settings.prefix, number, number * size, listing.shard_images(number),
+                        settings.max_side, settings.on_bad_image)
 
     return run_ingest(out_dir, plan, part, make_job, write_shard, weight=lambda n: min(size, count - n * size),
                       unit="img", workers=settings.workers, progress=progress,

@@ -14,6 +14,8 @@ from trainer.ablations.verdict import NOT_MEASURED
 from trainer.drills.jobs import REPO, job_env
 from trainer.observability.report import RunLogs
 
+pytestmark = pytest.mark.integration
+
 COMMAND = "instcls ablate --only head --seeds 1"  # the command the document names as its author
 
 

@@ -20,6 +20,8 @@ from trainer.engine.deepspeed_setup import initialize_backbone, load_deepspeed_c
 from trainer.parallel import init_distributed
 from trainer.parallel.launch import spawn_local_workers
 
+pytestmark = pytest.mark.integration
+
 REPO = Path(__file__).resolve().parents[2]
 GLOBAL_BATCH, WIDTH = 8, 6
 

@@ -8,7 +8,7 @@ import pytest
 
 from trainer.cli import main
 
-pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
 
 
 def test_bench_checkpoint_prints_the_four_figures_side_by_side(tmp_path, capsys):

@@ -8,6 +8,8 @@ import pytest
 from trainer.bench.classifier_bench import format_report
 from trainer.cli import main
 
+pytestmark = pytest.mark.integration
+
 N, B, D, T = 600_000, 256, 32, 2
 SHARD_BYTES = N // T * D * 4  # DHP: one rank's rows of W
 FULL_BYTES = N * D * 4  # DDP: all of W on every rank

@@ -7,6 +7,8 @@ import pytest
 
 from trainer.cli import main
 
+pytestmark = pytest.mark.integration
+
 
 def test_bench_data_reports_both_loaders_with_and_without_multicrop(digits_shards, tmp_path, capsys):
     args = f"bench data --shards {digits_shards} --crop-size 32 --batch 32 --batches 3 --warmup 1"

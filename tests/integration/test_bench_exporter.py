@@ -6,6 +6,8 @@ import pytest
 
 from trainer.cli import main
 
+pytestmark = pytest.mark.integration
+
 
 def test_bench_exporter_reports_each_round_and_the_cost(tmp_path, capsys):
     out = tmp_path / "exporter.json"

@@ -1,7 +1,11 @@
 """`instcls bench pic` in miniature: PIC points with a disk store next to the full softmax, which
 runs where it fits and fails to allocate where it does not (the paper's Appendix E)."""
 
+import pytest
+
 from trainer.bench.pic_bench import MIB, PicBenchSettings, format_report, run
+
+pytestmark = pytest.mark.integration
 
 
 def test_bench_pic_reports_flat_memory_next_to_the_full_softmax(tmp_path):

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 
 from trainer.bench import ddp_vs_dhp
 from trainer.bench.ddp_vs_dhp import SweepSettings, run_point
+
+pytestmark = pytest.mark.integration
 
 STUCK_S = 120  # the bench's process-group timeout
 

@@ -3,7 +3,11 @@ for the step's time, next to the loader measured alone."""
 
 from pathlib import Path
 
+import pytest
+
 from trainer.bench.step_bench import PHASE_ORDER, StepBenchSettings, format_report, run
+
+pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -18,6 +18,8 @@ from trainer.parallel import init_distributed
 from trainer.parallel.deepspeed_import import safe_get_full_fp32_param
 from trainer.parallel.launch import spawn_local_workers
 
+pytestmark = pytest.mark.integration
+
 REPO = Path(__file__).resolve().parents[2]
 SMALL = 2.0**-9  # exact in bf16, below bf16's resolution next to 1
 

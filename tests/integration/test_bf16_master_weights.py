@@ -22,6 +22,8 @@ from trainer.parallel import init_distributed
 from trainer.parallel.deepspeed_import import safe_get_full_fp32_param
 from trainer.parallel.launch import spawn_local_workers
 
+pytestmark = pytest.mark.integration
+
 REPO = Path(__file__).resolve().parents[2]
 GLOBAL_BATCH = 8
 

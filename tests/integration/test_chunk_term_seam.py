@@ -12,6 +12,7 @@ import json
 import math
 from dataclasses import dataclass
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -22,6 +23,8 @@ from trainer.classifier.terms.chunk_term import KernelPass
 from trainer.objectives import InstanceConfig, register_objective
 from trainer.objectives.instance.objective import InstanceObjective
 from trainer.parallel.launch import spawn_local_workers
+
+pytestmark = pytest.mark.integration
 
 LOG2_E = math.log2(math.e)
 

@@ -27,6 +27,8 @@ from trainer.objectives import ObjectiveContext, OptimSettings, PicConfig, StepV
 from trainer.parallel import init_distributed
 from trainer.parallel.launch import spawn_local_workers
 
+pytestmark = pytest.mark.integration
+
 NUM_ROWS, DIM, LOCAL, TOP_K, TAU, TAU_CON = 37, 8, 3, 4, 0.15, 0.05
 
 

@@ -3,6 +3,7 @@ its ``weights_only=False`` load, and load back afterwards; on 2 gloo ranks."""
 
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -11,6 +12,8 @@ from trainer.engine.deepspeed_setup import initialize_backbone, load_deepspeed_c
 from trainer.models import ModelConfig, build_model
 from trainer.parallel import init_distributed
 from trainer.parallel.launch import spawn_local_workers
+
+pytestmark = pytest.mark.integration
 
 
 def _save_check_load(folder: str):

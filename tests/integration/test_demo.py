@@ -10,6 +10,8 @@ import pytest
 
 from tests.helpers.training import run_train
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.mark.slow
 def test_the_demo_beats_its_random_init_by_twenty_points_on_digit_scenes(scene_shards, tmp_path):

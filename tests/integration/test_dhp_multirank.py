@@ -15,6 +15,8 @@ from trainer.classifier import ClassifierConfig, ClassifierInputError, ShardedCo
 from trainer.parallel import init_distributed
 from trainer.parallel.launch import spawn_local_workers
 
+pytestmark = pytest.mark.integration
+
 NUM_CLASSES, DIM, LOCAL_BATCH, TOP_K, TAU = 37, 8, 8, 4, 0.15
 
 

@@ -16,8 +16,13 @@ import pytest
 
 from trainer.drills.catalogue import DRILLS, NODE_DRILLS, killed_during_save
 
+pytestmark = pytest.mark.integration
+
 COVERED_ELSEWHERE = {"peer-preempted", "loss-becomes-nan", "nan-step-skipped", "damaged-newest-checkpoint",
-                     "checkpoint-with-pickled-code"}
+                     "checkpoint-with-pickled-code",
+                     "rank-killed-mid-step",  # a killed rank and the exact resume: rank-killed-while-saving
+                     "metrics-port-taken",  # the drill command's test below runs it
+                     "shard-damaged-skipped"}  # a damaged shard found mid-run: shard-damaged-mid-run
 
 
 @pytest.fixture

@@ -9,6 +9,8 @@ from trainer.bench.fake_device_sweep import FakeSweep, _job
 from trainer.dry_run.job import dry_run_job
 from trainer.dry_run.on_device import run_rank_on_device
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["dhp", "ddp"])

@@ -21,6 +21,8 @@ from trainer.parallel import init_distributed
 from trainer.parallel.collectives import gather_rows
 from trainer.parallel.launch import spawn_local_workers
 
+pytestmark = pytest.mark.integration
+
 
 def _full_weight(classifier, dims):
     """All rows of a DHP classifier, gathered (shards padded to the largest)."""

@@ -1,12 +1,15 @@
 """The linear probe's input lands in rank 0's host memory only (no other rank holds the whole bank):
 2 gloo ranks with uneven rows, gathered in blocks smaller than a rank's share."""
 
+import pytest
 import torch
 
 from trainer.evaluation.features import LocalFeatures, gather_to_rank0_host
 from trainer.parallel import init_distributed
 from trainer.parallel.collectives import object_from_rank0
 from trainer.parallel.launch import spawn_local_workers
+
+pytestmark = pytest.mark.integration
 
 IDS = {0: [0, 3, 4, 7, 9], 1: [1, 2, 8]}  # uneven, interleaved, each rank's ascending
 

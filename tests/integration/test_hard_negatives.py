@@ -9,6 +9,8 @@ from trainer.classifier.hard_negatives import HardNegativeIndex, search_hard_neg
 from trainer.parallel import init_distributed
 from trainer.parallel.launch import spawn_local_workers
 
+pytestmark = pytest.mark.integration
+
 NUM_CLASSES, DIM, TOP_K = 53, 6, 7
 
 

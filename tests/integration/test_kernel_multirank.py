@@ -4,6 +4,7 @@ reference on the union of scored rows; and the two-collective budget of the redu
 import itertools
 from unittest import mock
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -13,6 +14,8 @@ from trainer.classifier.kernel.chunked import KernelSettings, sharded_cosine_ce
 from trainer.classifier.kernel.reductions import SampleColumns, reduce_over_ranks
 from trainer.parallel import init_distributed
 from trainer.parallel.launch import spawn_local_workers
+
+pytestmark = pytest.mark.integration
 
 NUM_ROWS, DIM, BATCH, TOP_K, TAU = 37, 8, 12, 4, 0.15
 

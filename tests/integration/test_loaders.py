@@ -22,6 +22,8 @@ from data_pipeline.loading.sample_reader import StepReader
 from data_pipeline.loading.samplers.epoch_permutation import EpochPermutationSampler
 from data_pipeline.shardset.manifest import ShardManifest
 
+pytestmark = pytest.mark.integration
+
 CPU = torch.device("cpu")
 BACKENDS = ["dali", "torch"]
 

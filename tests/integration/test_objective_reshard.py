@@ -15,6 +15,8 @@ from trainer.parallel import init_distributed
 from trainer.parallel.collectives import gather_rows
 from trainer.parallel.launch import spawn_local_workers
 
+pytestmark = pytest.mark.integration
+
 NUM_CLASSES, DIM, GLOBAL_BATCH, TOP_K = 37, 8, 6, 3
 CONFIG = InstanceConfig(chunk_size=5, contrastive_prior=False, init_std=1.0, smoothing_alpha=0.2, top_k=TOP_K)
 
@@ -92,7 +94,7 @@ def _load_and_continue(folder: str) -> None:
         )
 
 
-@pytest.mark.parametrize("new_world_size", [1, 3])
+@pytest.mark.parametrize("new_world_size", [pytest.param(1, marks=pytest.mark.slow), 3])  # 2 -> 3: uneven shards
 def test_steps_after_a_reshard_equal_the_same_steps_unresharded(tmp_path, new_world_size):
     spawn_local_workers(_train_and_save, 2, str(tmp_path))
     spawn_local_workers(_load_and_continue, new_world_size, str(tmp_path))

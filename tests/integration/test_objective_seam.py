@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -26,6 +27,8 @@ from trainer.objectives import (
     register_objective,
 )
 from trainer.parallel.launch import spawn_local_workers
+
+pytestmark = pytest.mark.integration
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,10 @@ Training and `instcls eval` are checked where the suite runs them (``run_train``
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.integration
+
 
 def _run_to_file(args: list[str], log, cwd) -> bytes:
     with open(log, "wb") as out:

@@ -15,6 +15,8 @@ from trainer.classifier import ClassifierConfig, ShardedCosineClassifier, gaussi
 from trainer.parallel import init_distributed
 from trainer.parallel.launch import spawn_local_workers
 
+pytestmark = pytest.mark.integration
+
 NUM_CLASSES, DIM, LOCAL_BATCH, TAU, LR, MOMENTUM, WD = 23, 6, 5, 0.15, 0.5, 0.9, 1e-2
 PADDING = 2  # the last PADDING samples of rank 1 repeat its first ones
 

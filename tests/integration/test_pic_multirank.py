@@ -30,6 +30,8 @@ from trainer.objectives import ObjectiveContext, OptimSettings, PicConfig, StepV
 from trainer.parallel import init_distributed
 from trainer.parallel.launch import spawn_local_workers
 
+pytestmark = pytest.mark.integration
+
 DIM, TAU, SEED, INIT_STD = 8, 0.2, 5, 1.0
 MOMENTUM, WEIGHT_DECAY = 0.9, 5e-3  # a large decay so that skipped steps move rows visibly
 
@@ -114,7 +116,7 @@ def _check_one_sampled_step(negatives: str):
     torch.testing.assert_close(leaf_grad.double(), weight.grad[torch.from_numpy(owned)], rtol=0, atol=1e-6, msg=label)
 
 
-@pytest.mark.parametrize("ranks", [1, 2, 3])
+@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow), 3])  # 3: uneven shards
 def test_sampled_step_equals_cross_entropy_on_the_sampled_columns(ranks):
     spawn_local_workers(_check_one_sampled_step, ranks, "recent")
 

@@ -4,35 +4,38 @@ resume mid-window to exactly the state of an uninterrupted run, whichever row st
 import json
 
 import numpy as np
+import pytest
 import torch
 
 from tests.helpers.training import FAST, classifier_rows, eval_knn, latest_checkpoint, replica_checks, run_train
 from tests.integration.test_training import assert_same_training_state
+
+pytestmark = pytest.mark.integration
 
 PIC = "pic_demo_cpu.yaml"
 
 
 def test_pic_resumes_mid_window_from_a_disk_store_to_the_uninterrupted_state(digits_split, tmp_path, capsys):
     """Saving brings every row up to date (so the checkpoint holds W itself), which rounds the rows
-    as an uninterrupted run does only with the same checkpoint cadence: both save every 7 steps."""
+    as an uninterrupted run does only with the same checkpoint cadence: both save every 3 steps."""
     interrupted, uninterrupted = tmp_path / "interrupted", tmp_path / "uninterrupted"
-    every_7 = FAST + ["checkpoint.every_steps=7"]
-    disk = every_7 + ["objective.row_store=disk", f"objective.row_store_dir={tmp_path / 'rows'}"]
-    run_train(interrupted, digits_split, 2, disk + ["max_steps=7"], config=PIC)
+    every_3 = FAST + ["checkpoint.every_steps=3"]
+    disk = every_3 + ["objective.row_store=disk", f"objective.row_store_dir={tmp_path / 'rows'}"]
+    run_train(interrupted, digits_split, 2, disk + ["max_steps=3"], config=PIC)
     first = latest_checkpoint(interrupted)
     sampler = torch.load(first / "components" / "sampler" / "rank-00000.pt", weights_only=True)
     assert sampler["kind"] == "sliding_window" and (sampler["window_size"], sampler["stride"]) == (128, 16)
-    assert json.loads((first / "trainer.json").read_text())["step_in_epoch"] == 7  # 12 steps per epoch
-    run_train(interrupted, digits_split, 2, disk + ["max_steps=20"], resume="auto", config=PIC)
-    run_train(uninterrupted, digits_split, 2, every_7 + ["max_steps=20", "objective.row_store=host"], config=PIC)
+    assert json.loads((first / "trainer.json").read_text())["step_in_epoch"] == 3  # 12 steps per epoch
+    run_train(interrupted, digits_split, 2, disk + ["max_steps=8"], resume="auto", config=PIC)
+    run_train(uninterrupted, digits_split, 2, every_3 + ["max_steps=8", "objective.row_store=host"], config=PIC)
     resumed, reference = latest_checkpoint(interrupted), latest_checkpoint(uninterrupted)
-    assert resumed.name == reference.name == "step_000000020"
+    assert resumed.name == reference.name == "step_000000008"
     assert_same_training_state(resumed, reference)
     for run in (interrupted, uninterrupted):  # the recent-id queue, the window's position, BN statistics...
-        assert {c["step"] for c in replica_checks(run, 2)[0]} == {7, 14, 20}
+        assert {c["step"] for c in replica_checks(run, 2)[0]} == {3, 6, 8}
 
     # The disk store's files hold the rows (the rank's anonymous memory does not), and the recent
-    # ids after 20 steps of 128 are the last 256 ids read.
+    # ids after 8 steps of 128 are the last 256 ids read.
     assert (tmp_path / "rows" / "rank-00001" / "rows.bin").stat().st_size == 719 * 2 * 128 * 4
     recent = torch.load(resumed / "components" / "objective" / "rank-00000.pt", weights_only=True)["recent"]
     assert recent["capacity"] == 256 and recent["ids"].numel() == 256

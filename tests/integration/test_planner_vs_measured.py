@@ -8,6 +8,8 @@ import torch
 from trainer.bench.ddp_vs_dhp import SweepSettings, run_point
 from trainer.bench.planner import PlanInput, predict
 
+pytestmark = pytest.mark.integration
+
 NUM_CLASSES, BATCH, DIM, CHUNK = 250_000, 256, 128, 2048
 CACHE_BYTES = BATCH * NUM_CLASSES // 2 * 4  # either mode scores B * N / 2 logits per rank
 

@@ -20,6 +20,8 @@ from tests.helpers.k8s_manifests import dashboard_queries
 from tests.helpers.training import FAST, REPO, train_command
 from trainer.parallel.launch import free_port
 
+pytestmark = pytest.mark.integration
+
 
 def query(port: int, promql: str) -> list[dict]:
     url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})

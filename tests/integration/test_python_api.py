@@ -13,6 +13,8 @@ import pytest
 
 from tests.helpers.training import REPO
 
+pytestmark = pytest.mark.integration
+
 # Appended to the example's own overrides: one epoch of the tiny split (4 steps of 32 images).
 TINY = ["optim.epochs=1", "logging.progress=false"]
 

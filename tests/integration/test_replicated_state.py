@@ -13,6 +13,8 @@ from trainer.parallel.batch_norm import apply_batch_norm_mode, averaged_running_
 from trainer.parallel.launch import spawn_local_workers
 from trainer.parallel.sharded_state import ShardedRows
 
+pytestmark = pytest.mark.integration
+
 
 def _network() -> nn.Module:
     torch.manual_seed(0)  # the same weights on every rank

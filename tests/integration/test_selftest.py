@@ -16,6 +16,8 @@ import pytest
 from tests.helpers.training import REPO
 from trainer.selftest.report import FAIL, PASS, SKIPPED, CheckResult
 
+pytestmark = pytest.mark.integration
+
 GPU_ONLY = {"bf16 ZeRO-2 ResNet-50 step"}
 EVERY_CHECK = {"devices", "compiled CO2 kernel", "PIC host store + prefetch", "DALI decode", "collectives",
                "sharded classifier", "host syncs per step"} | GPU_ONLY

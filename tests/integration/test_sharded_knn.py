@@ -1,7 +1,8 @@
-"""The kNN bank sharded over 2 and 3 gloo ranks against one process holding the whole bank: the
-same k neighbours (checked against a float64 numpy reference with the documented tie rule) and
-the same predictions as the whole-bank topk kNN the evaluation used before; no tensor the sharded
-scorer allocates is as tall as the bank; the bank subset is the same everywhere."""
+"""The kNN bank and queries sharded over 2 and 3 gloo ranks against one process holding both whole:
+the same k neighbours (checked against a float64 numpy reference with the documented tie rule),
+the same predictions as the whole-bank topk kNN the evaluation used before, the same accuracy; no
+tensor the sharded scorer allocates is taller than the rank's own queries, one round's query blocks
+or one block of bank rows; the bank subset is the same everywhere."""
 
 import numpy as np
 import pytest
@@ -11,10 +12,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from trainer.evaluation.bank_subset import SubsetSampler, bank_subset_ids
-from trainer.evaluation.knn import sharded_knn_accuracy
+from trainer.evaluation.knn import knn_accuracy, sharded_knn_accuracy
 from trainer.evaluation.sharded_knn import knn_bank_shard, sharded_neighbours, weighted_vote
 from trainer.parallel import init_distributed
 from trainer.parallel.launch import spawn_local_workers
+
+pytestmark = pytest.mark.integration
 
 K, TEMPERATURE, BANK_ROWS, QUERIES, DIM, CLASSES = 20, 0.07, 600, 40, 24, 7
 
@@ -85,39 +88,50 @@ def _my_rows(rank, world, uneven):
     return torch.arange(BANK_ROWS).split(sizes)[rank]
 
 
+def _my_queries(rank, world, uneven):
+    """Strided, or (uneven) contiguous with the last of 3 ranks holding none: it scores only the
+    others' queries, and the others run rounds past their last query."""
+    if not uneven:
+        return torch.arange(rank, QUERIES, world)
+    return torch.arange(QUERIES).split({2: [31, 9], 3: [27, 13, 0]}[world])[rank]
+
+
 def _compare_with_one_process():
     dims = init_distributed()
     rank, world, group = dims.rank, dims.world_size, dims.data_parallel_group
+    query_chunk, bank_block = 16, 37
     for name, make, uneven, dtype in [("gaussian", _gaussian_bank, False, torch.float32),
                                       ("ties", _tied_bank, False, torch.float32),
                                       ("ties uneven", _tied_bank, True, torch.float32),
                                       ("gaussian float16", _gaussian_bank, True, torch.float16)]:
         bank, labels, queries, query_labels = make()
-        mine = _my_rows(rank, world, uneven)
+        mine, asked = _my_rows(rank, world, uneven), _my_queries(rank, world, uneven)
         label = f"{name}, rank {rank} of {world}"
+        shard = knn_bank_shard(bank[mine].to(dtype), labels[mine], mine, group)
         tallest = _TallestTensor()
         with tallest:
-            shard = knn_bank_shard(bank[mine].to(dtype), labels[mine], mine, group)
-            neighbours = sharded_neighbours(shard, queries, K, group, query_chunk=16, bank_block=37)
+            neighbours = sharded_neighbours(shard, queries[asked], K, group, query_chunk=query_chunk,
+                                            bank_block=bank_block)
             predictions = weighted_vote(neighbours, TEMPERATURE)
         assert shard.features.shape[0] == len(mine) and shard.total_rows == BANK_ROWS, label
-        assert tallest.rows <= max(len(mine), QUERIES * world), f"{label}: a tensor of {tallest.rows} rows was built"
+        # what it holds: its own queries' neighbours, one round's gathered blocks, one block of bank rows
+        most = max(len(asked), world * (query_chunk // world), bank_block)
+        assert tallest.rows <= most < QUERIES, f"{label}: a tensor of {tallest.rows} rows was built"
 
         stored = bank.to(dtype).float()  # the float16 bank's exact reference is the kNN of its rounded rows
-        expected_ids = _reference_neighbour_ids(stored, queries, K)
+        expected_ids = _reference_neighbour_ids(stored, queries, K)[asked.numpy()]
         assert neighbours.ids.tolist() == expected_ids.tolist(), label
         assert neighbours.labels.tolist() == labels[expected_ids].tolist(), label
         if name.startswith("gaussian"):  # no exact ties: the whole-bank topk is unambiguous
             assert predictions.tolist() == _whole_bank_topk_predictions(stored, labels, queries, K,
-                                                                        TEMPERATURE).tolist(), label
+                                                                        TEMPERATURE)[asked].tolist(), label
         one_process = weighted_vote(sharded_neighbours(knn_bank_shard(stored, labels, torch.arange(BANK_ROWS), None),
                                                        queries, K, None), TEMPERATURE)
-        assert predictions.tolist() == one_process.tolist(), label
+        assert predictions.tolist() == one_process[asked].tolist(), label
 
-        # queries split over the ranks too (rank r holds every T-th one), all-gathered by the scorer
-        accuracy = sharded_knn_accuracy(shard, queries[rank::world], query_labels[rank::world], K, TEMPERATURE, group)
-        order = torch.cat([torch.arange(r, QUERIES, world) for r in range(world)])
-        assert accuracy == float((one_process[order] == query_labels[order]).float().mean()), label
+        accuracy = sharded_knn_accuracy(shard, queries[asked], query_labels[asked], K, TEMPERATURE, group)
+        assert accuracy == int((one_process == query_labels).sum()) / QUERIES, label
+        assert accuracy == knn_accuracy(stored, labels, queries, query_labels, K, TEMPERATURE), label
 
 
 @pytest.mark.parametrize("world_size", [2, 3])

@@ -12,6 +12,8 @@ from tests.helpers.training import FAST, REPO
 from trainer.checkpoint.checkpoint_files import checkpoint_name
 from trainer.drills.jobs import checkpoint_tensors, job_env, state_difference, train_command
 
+pytestmark = pytest.mark.integration
+
 SKIP = FAST + ["optim.on_nonfinite=skip_step", "logging.log_every=1"]
 
 

@@ -9,8 +9,12 @@ import signal
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.training import FAST, REPO
 from trainer.parallel.launch import spawn_local_workers
+
+pytestmark = pytest.mark.integration
 
 SIGTERM_DURING = 4  # rank 1 gets SIGTERM during this step (1-based)
 

@@ -23,6 +23,8 @@ from trainer.objectives.swav.sinkhorn import distributed_sinkhorn
 from trainer.parallel import init_distributed
 from trainer.parallel.launch import spawn_local_workers
 
+pytestmark = pytest.mark.integration
+
 EPS, ITERATIONS, K, DIM, BATCH = 0.05, 3, 10, 8, 12  # BATCH: global
 
 

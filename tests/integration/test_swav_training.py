@@ -13,6 +13,8 @@ from tests.integration.test_training import assert_same_training_state
 from trainer.checkpoint.row_checkpoint import read_full_rows
 from trainer.observability.report import RunLogs
 
+pytestmark = pytest.mark.integration
+
 SWAV = "swav_demo_cpu.yaml"
 
 
@@ -24,6 +26,7 @@ def _objective_state(checkpoint, rank):
     return state
 
 
+@pytest.mark.slow  # default suite: the queue and prototypes reshard exactly in test_swav_multirank.py
 def test_swav_resumes_mid_run_with_a_full_queue_bit_identically_under_zero3(digits_split, tmp_path, capsys):
     interrupted, uninterrupted = tmp_path / "interrupted", tmp_path / "uninterrupted"
     settings = FAST + ["deepspeed_config=ds_configs/zero3.json", "objective.queue_start_epoch=0",

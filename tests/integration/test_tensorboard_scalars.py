@@ -8,6 +8,8 @@ import pytest
 
 from tests.helpers.training import run_train
 
+pytestmark = pytest.mark.integration
+
 TINY_RUN = ["optim.epochs=2", "eval.every_epochs=1", "eval.knn_at_end=true", "logging.log_every=1",
             "logging.metrics_port=0", "logging.tensorboard=true"]
 

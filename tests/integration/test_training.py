@@ -26,6 +26,8 @@ from trainer.exit_codes import ExitCode
 from trainer.observability.report import RunLogs
 from trainer.parallel.launch import free_port
 
+pytestmark = pytest.mark.integration
+
 
 def assert_same_training_state(a, b):
     model_a = torch.load(a / "model.pt", weights_only=True)
@@ -262,29 +264,48 @@ def _printed(out: str, name) -> tuple[float, str]:
     return float(found.group(1)), found.group(2)
 
 
-def test_eval_commands_score_a_checkpoint_as_the_trainer_did(digits_split, tmp_path, capsys):
-    """One network, one score.  Two ranks train with per-rank BatchNorm (model.batch_norm: local),
-    so their running statistics drift apart; before each save and evaluation the trainer averages
-    them into the network that model.pt holds and every rank scores, and every state the ranks
-    should hold alike is compared across ranks and logged.  Then
+@pytest.fixture(scope="module")
+def evaluated_run(digits_split, tmp_path_factory):
+    """A 2-rank run with per-rank BatchNorm (model.batch_norm: local) that scored kNN at its end, run
+    from a folder outside the checkout with a copied config (its ds_configs/zero0.json is the
+    shipped file): (run folder, its last checkpoint, the trainer's last eval record)."""
+    run_dir = tmp_path_factory.mktemp("evaluated-run")
+    copied = run_dir / "my-job.yaml"
+    copied.write_text((REPO / "configs/digits_cpu.yaml").read_text())
+    run_train(run_dir, digits_split, 2, FAST + ["optim.epochs=2", "eval.knn_at_end=true"], config=str(copied),
+              cwd=run_dir)
+    checkpoint = latest_checkpoint(run_dir)
+    assert checkpoint.name == "step_000000024"  # 2 epochs of 12 steps
+    return run_dir, checkpoint, RunLogs.read(run_dir / "logs").last("eval")
+
+
+def _eval_settings(digits_split) -> list[str]:
+    return [f"data.train_shards={digits_split['train']}", f"data.eval_shards={digits_split['val']}",
+            "data.loader.num_threads=1"]
+
+
+def _eval_on_two_ranks(name, digits_split, out_dir) -> tuple[tuple[float, str], object]:
+    """`instcls eval knn` of ``name`` (a checkpoint or "random-init") under torchrun on 2 ranks, with the
+    trainer's loader, batch size and threads: what it printed, and the features it wrote."""
+    out = out_dir / f"features-2-ranks-{getattr(name, 'name', name)}.pt"
+    result = subprocess.run(_eval_command("knn", name, _eval_settings(digits_split), out, nproc=2), cwd=out_dir,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0 and "\r" not in result.stdout + result.stderr, result.stderr[-3000:]
+    return _printed(result.stdout, name), torch.load(out, weights_only=True)
+
+
+def test_eval_scores_a_checkpoint_exactly_as_the_trainer_did(evaluated_run, digits_split, tmp_path, capsys):
+    """One network, one score.  The ranks' BatchNorm running statistics drift apart; before each save
+    and evaluation the trainer averages them into the network that model.pt holds and every rank
+    scores, and every state the ranks should hold alike is compared across ranks and logged.  Then
     `instcls eval` on the checkpoint, with the same loader, batch size, threads and ranks, scores
-    bit-identical held-out features (the same digest) and exactly the trainer's kNN, here and on
-    the random-init baseline; in one process with another thread count the features agree within
-    float32 rounding and every query's kNN neighbour set is the same.  The job runs from a folder
-    outside the checkout, with a copied config.  (Before the averaging, model.pt held rank 0's
-    statistics while the trainer scored a blend of both ranks' networks: 0.56 to 3.9 points apart.)"""
+    bit-identical held-out features (the same digest) and exactly the trainer's kNN.  A checkpoint of
+    another network is refused in one sentence naming the difference, before any tensor is read."""
     from trainer.cli import main
 
-    # A copied config, run from outside the checkout: its ds_configs/zero0.json is the shipped file.
-    copied = tmp_path / "my-job.yaml"
-    copied.write_text((REPO / "configs/digits_cpu.yaml").read_text())
-    run_train(tmp_path, digits_split, 2, FAST + ["eval.knn_at_end=true"], config=str(copied), cwd=tmp_path)
-    checkpoint = latest_checkpoint(tmp_path)
-    assert checkpoint.name == "step_000000048"  # 4 epochs of 12 steps
-    logs = RunLogs.read(tmp_path / "logs")
-    logged = logs.last("eval")
-    for checks in replica_checks(tmp_path, 2):
-        assert [(c["moment"], c["step"], c["entries"] > 100) for c in checks] == [("save", 48, True)]  # eval: same step
+    run_dir, checkpoint, logged = evaluated_run
+    for checks in replica_checks(run_dir, 2):
+        assert [(c["moment"], c["step"], c["entries"] > 100) for c in checks] == [("save", 24, True)]  # eval: same step
         # the ranks' statistics had drifted apart: without the averaging they would differ
         assert checks[0]["batch_norm_spread"] > 1e-3, checks
     # model.pt holds the average of the ranks' own statistics, which each rank keeps for itself
@@ -293,33 +314,35 @@ def test_eval_commands_score_a_checkpoint_as_the_trainer_did(digits_split, tmp_p
     assert len(per_rank[0]) > 10 and not all(torch.equal(per_rank[0][k], per_rank[1][k]) for k in per_rank[0])
     for name in per_rank[0]:
         torch.testing.assert_close(saved[name], (per_rank[0][name] + per_rank[1][name]) / 2, rtol=1e-6, atol=1e-6)
-    settings = [
-        f"data.train_shards={digits_split['train']}",
-        f"data.eval_shards={digits_split['val']}",
-        "data.loader.num_threads=1",
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    same_ranks = {}
-    for name in (checkpoint, "random-init"):
-        out = tmp_path / f"features-2-ranks-{checkpoint.name if name == checkpoint else name}.pt"
-        result = subprocess.run(
-            _eval_command("knn", name, settings, out, nproc=2),
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert result.returncode == 0 and "\r" not in result.stdout + result.stderr, result.stderr[-3000:]
-        same_ranks[str(name)] = _printed(result.stdout, name)
-    assert same_ranks[str(checkpoint)] == (logged["knn_trained"], logged["query_features_digest"]), (same_ranks, logged)
-    assert same_ranks["random-init"][0] == logged["knn_random_init"], (same_ranks, logged)
+    printed, _ = _eval_on_two_ranks(checkpoint, digits_split, tmp_path)
+    assert printed == (logged["knn_trained"], logged["query_features_digest"]), (printed, logged)
 
-    # One process, torch's default threads: another rounding is allowed, not another neighbour.
+    other = ["--set", "model.arch=resnet10", "--set", "model.feature_dim=64"]
+    files = {p: p.stat().st_mtime_ns for p in checkpoint.rglob("*")}
+    assert main(_eval_command("knn", checkpoint, _eval_settings(digits_split)) + other) == 2
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and "model.arch is 'resnet18' there and 'resnet10' here" in said[0], said
+    assert "model.feature_dim is 128 there and 64 here" in said[0] and "objective" not in said[0]
+    assert files == {p: p.stat().st_mtime_ns for p in checkpoint.rglob("*")}
+
+
+@pytest.mark.slow  # the default suite holds the same checkpoint's 2-rank score and the refusal above
+def test_eval_in_one_process_and_of_the_random_init_agree_with_the_trainer(evaluated_run, digits_split, tmp_path,
+                                                                           capsys):
+    """The random-init baseline scores on 2 ranks exactly as the trainer's; in one process with
+    torch's default threads the features agree within float32 rounding and every query's kNN
+    neighbour set is the same; the linear probe scores; a resume with another network is refused in
+    one sentence and leaves the checkpoint as it was."""
+    from trainer.cli import main
+
+    run_dir, checkpoint, logged = evaluated_run
+    printed, _ = _eval_on_two_ranks("random-init", digits_split, tmp_path)
+    assert printed[0] == logged["knn_random_init"], (printed, logged)
+
+    _, two = _eval_on_two_ranks(checkpoint, digits_split, tmp_path)
     one_process = tmp_path / "features-1-process.pt"
-    assert main(_eval_command("knn", checkpoint, settings, one_process)) == 0
+    assert main(_eval_command("knn", checkpoint, _eval_settings(digits_split), one_process)) == 0
     accuracy, _ = _printed(capsys.readouterr().out, checkpoint)
-    two = torch.load(tmp_path / f"features-2-ranks-{checkpoint.name}.pt", weights_only=True)
     one = torch.load(one_process, weights_only=True)
     for part in ("bank", "queries"):
         assert torch.equal(one[part]["ids"], two[part]["ids"]) and torch.equal(one[part]["labels"], two[part]["labels"])
@@ -327,17 +350,11 @@ def test_eval_commands_score_a_checkpoint_as_the_trainer_did(digits_split, tmp_p
     neighbours = [knn_neighbour_ids(f["bank"]["features"], f["queries"]["features"], 20) for f in (one, two)]
     assert torch.equal(*neighbours)
     assert accuracy == logged["knn_trained"]
-    assert main(_eval_command("linear", checkpoint, settings)) == 0
+    assert main(_eval_command("linear", checkpoint, _eval_settings(digits_split))) == 0
     assert 0.5 < _printed(capsys.readouterr().out, checkpoint)[0] <= 1
-    # A checkpoint of another network is one sentence naming the difference, from `instcls eval`
-    # and from a resume, before any tensor fails to fit (and the checkpoint is left as it was).
-    other = ["--set", "model.arch=resnet10", "--set", "model.feature_dim=64"]
-    assert main(_eval_command("knn", checkpoint, settings) + other) == 2
-    said = capsys.readouterr().err.strip().splitlines()
-    assert len(said) == 1 and "model.arch is 'resnet18' there and 'resnet10' here" in said[0], said
-    assert "model.feature_dim is 128 there and 64 here" in said[0] and "objective" not in said[0]
+
     files = {p: p.stat().st_mtime_ns for p in checkpoint.rglob("*")}
-    command = train_command(tmp_path, digits_split, 2, FAST + ["model.arch=resnet10"], resume="auto")
+    command = train_command(run_dir, digits_split, 2, FAST + ["optim.epochs=2", "model.arch=resnet10"], resume="auto")
     result = subprocess.run(
         command, cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1")
     )

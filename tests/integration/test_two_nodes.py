@@ -18,6 +18,8 @@ from trainer.drills.catalogue import DRILLS, NODE_DRILLS
 from trainer.drills.jobs import accounting_difference, state_difference
 from trainer.drills.two_nodes import TwoNodeJob
 
+pytestmark = pytest.mark.integration
+
 IN_DEFAULT_RUN = {"node-lost-and-replaced"}
 
 

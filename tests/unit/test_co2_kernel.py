@@ -24,6 +24,7 @@ def _term(features, weight, ids, settings, consistency, upstream):
     return (term * upstream).sum()
 
 
+@pytest.mark.integration
 def test_fused_gradient_matches_finite_differences():
     generator = torch.Generator().manual_seed(1)
     # Mild temperatures keep the third derivatives small, so central differences in fp32 are accurate.
@@ -63,6 +64,7 @@ def _classifier_step(co2_alpha: float | None):
     return loss, features.grad, classifier.weight.grad
 
 
+@pytest.mark.integration
 def test_alpha_zero_is_exactly_todays_loss_and_gradients():
     for got, want in zip(_classifier_step(0.0), _classifier_step(None)):
         assert torch.equal(got, want)
@@ -70,6 +72,7 @@ def test_alpha_zero_is_exactly_todays_loss_and_gradients():
     assert not torch.equal(with_term[0], _classifier_step(None)[0])
 
 
+@pytest.mark.integration
 def test_fused_kernel_leaves_the_instance_loss_unchanged():
     generator = torch.Generator().manual_seed(3)
     features = F.normalize(torch.randn(2 * IMAGES, DIM, generator=generator), dim=1)
@@ -130,6 +133,7 @@ def _term_and_grads(compiled: bool, kernel_temperature: float, views: list[str],
 
 
 @pytest.mark.parametrize("kernel_temperature", [0.15, 0.12])  # tau / tau_con = 3 (the power path), 2.4 (exp2)
+@pytest.mark.integration
 def test_compiled_chunk_math_equals_the_same_code_run_eagerly(kernel_temperature, capsys):
     from trainer.classifier.terms import co2_math as consistency_math
 
@@ -219,9 +223,9 @@ def _vector_widths_here() -> list[int]:
 
 # Layouts of the chunk math: two to four global views, small crops, several ranks, powers 2-4 and the
 # second exp2, and local batches that leave partial vectors.
-# Each layout compiles two functions per width (~10 s cold), so `make test` runs two of them.
+# Each layout compiles two functions per width (~10 s cold), so `make test` runs one of them.
 LAYOUTS = [
-    (0.15, 2, 2, 2, 16),  # tau / tau_con = 3: exp(s) = exp(z) ** 3
+    pytest.param(0.15, 2, 2, 2, 16, marks=pytest.mark.slow),  # tau / tau_con = 3: exp(s) = exp(z) ** 3
     pytest.param(0.2, 2, 2, 3, 9, marks=pytest.mark.slow),  # power 4, a partial vector per rank
     pytest.param(0.12, 3, 2, 1, 5, marks=pytest.mark.slow),  # tau / tau_con = 2.4: a second exp2; a small crop
     (0.15, 4, 3, 2, 11),  # three global views (three pairs) and a small crop
@@ -230,6 +234,7 @@ LAYOUTS = [
 
 
 @pytest.mark.parametrize("kernel_temperature, views, global_views, ranks, local", LAYOUTS)
+@pytest.mark.integration
 def test_chunk_math_is_the_same_on_every_vector_isa_this_machine_has(
     kernel_temperature, views, global_views, ranks, local
 ):

@@ -1,13 +1,17 @@
-"""The PIC prefetch thread runs on its rank's GPU: CUDA's current device is per thread and starts
-at 0, so without set_device every local rank would build a CUDA context on GPU 0.  CUDA is faked."""
+"""The threads that can touch CUDA (PIC's prefetch, the checkpoint writer) run on their rank's GPU:
+CUDA's current device is per thread and starts at 0, so without set_device every local rank would
+build a CUDA context on GPU 0.  CUDA is faked."""
 
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import torch
 
 from data_pipeline.loading.view_layout import ViewLayout
+from trainer.checkpoint import async_checkpoint
+from trainer.checkpoint.components import FieldsState
 from trainer.objectives import ObjectiveContext, OptimSettings, build_objective
 from trainer.objectives.pic import objective as pic_module
 from trainer.objectives.pic.objective import PicConfig
@@ -47,3 +51,24 @@ def test_pic_builds_its_prefetch_pool_on_the_rank_device(monkeypatch):
                                views=ViewLayout(("global",) * 2, (32,) * 2))
     build_objective(PicConfig(queue_size=4, prefetch=True), context)
     assert built == [(dims.device, "pic-prefetch")]
+
+
+def test_the_checkpoint_writer_sets_the_rank_device_before_it_writes(monkeypatch, tmp_path):
+    """DCP's file writer synchronises the writer thread's current stream: it must be cuda:3's."""
+    calls = record_set_device(monkeypatch)
+    writes = []
+    write_plan = async_checkpoint.write_plan
+
+    def recording_write_plan(*args, **kwargs):
+        writes.append((threading.current_thread().name, list(calls)))
+        return write_plan(*args, **kwargs)
+
+    monkeypatch.setattr(async_checkpoint, "write_plan", recording_write_plan)
+    # a blocking save never stages; the real stager wants a driver for its pinned buffers
+    monkeypatch.setattr(async_checkpoint, "HostStager", lambda device: SimpleNamespace(close=lambda: None))
+    position = SimpleNamespace(global_step=1)
+    async_checkpoint.save_checkpoint(tmp_path, 1, {"trainer": FieldsState(position)},
+                                     single_process_dims(torch.device("cuda", 3)), keep=1)
+    [(thread, set_before_writing)] = writes
+    assert thread.startswith("instcls-checkpoint-writer")
+    assert set_before_writing == [(thread, torch.device("cuda", 3))]

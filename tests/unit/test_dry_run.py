@@ -44,6 +44,7 @@ def _config(name: str, *overrides: str):
     ("pic_in1k_r50.yaml", ["objective.co2_alpha=0.3", "data.loader.sampler.window_size=0",
                            "data.loader.sampler.stride=0"], 1281167, 0, 8, False),
 ])
+@pytest.mark.integration
 def test_each_objective_runs_on_fake_cuda_with_nothing_found(name, overrides, n, epoch, steps, like_plan):
     config = _config(name, *overrides)
     result = dry_run_job(config, n, world_size=4, rank=1, steps=steps, epoch=epoch)

@@ -3,6 +3,8 @@ classifier's step on fake CUDA devices, here at a small shape."""
 
 from __future__ import annotations
 
+import pytest
+
 from trainer.bench.fake_device_sweep import (
     FakeSweep,
     _job,
@@ -17,6 +19,7 @@ from trainer.bench.planner import GIB
 SWEEP = FakeSweep(ranks=4, batch=64, dim=16, chunk_size=16384, growth=1.5, resolution=0.1)
 
 
+@pytest.mark.integration
 def test_the_boundary_fits_and_a_little_more_does_not_and_dhp_fits_more_than_ddp():
     cap = _rest_of_the_rank(_job(SWEEP, "ddp"), SWEEP) + 32 * 2**20  # the backbone's share plus 32 MiB
     found, planned_n = {}, {}

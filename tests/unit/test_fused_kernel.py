@@ -20,6 +20,7 @@ CHECKS = ("every_case_on_one_rank", "padding_and_negative_weights", "in_backward
 
 
 @pytest.mark.parametrize("check", CHECKS)
+@pytest.mark.integration
 def test_the_fused_kernels_match_the_float64_reference(check):
     result = subprocess.run([sys.executable, "-m", "tests.helpers.fused_kernel_checks", check], cwd=REPO,
                             env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)

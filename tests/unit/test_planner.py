@@ -106,6 +106,7 @@ def test_pic_rows_off_the_device_make_device_memory_independent_of_n():
 
 
 @pytest.mark.parametrize("cached", [False, True])
+@pytest.mark.integration
 def test_co2_term_adds_no_workspace_buffers_and_plans_one_block(monkeypatch, cached):
     """Counts the chunk buffers the real kernel allocates with and without the term: the fused term
     reuses the kernel's buffers, so its only chunk memory is the fresh [chunk, columns] block its

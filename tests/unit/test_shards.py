@@ -87,14 +87,14 @@ def test_bad_images_can_be_skipped_and_reported(folder_with_bad_images, tmp_path
     assert all("does not decode" in problem["reason"] for problem in report)
     assert validate_shards(out, progress=False) == (45, [])
     # Keys are positions in the seeded order; ids stay dense 0..44 in shard order without the two.
-    source = image_folder(folder_with_bad_images, labels=True)
-    order = np.random.default_rng(0).permutation(len(source.images))
+    listed = list(image_folder(folder_with_bad_images, labels=True).images)  # a folder's listing is streamed
+    order = np.random.default_rng(0).permutation(len(listed))
     bad = {position for position, index in enumerate(order)
-           if source.images[int(index)].origin.endswith(("corrupt.jpg", "truncated.jpg"))}
+           if listed[int(index)].origin.endswith(("corrupt.jpg", "truncated.jpg"))}
     keys = [key for entry in manifest.shards for key in read_samples(out / entry.tar)]
     assert keys == [f"{position:010d}" for position in range(47) if position not in bad]
     table = SampleTable(out)
-    good = [source.images[int(index)] for position, index in enumerate(order) if position not in bad]
+    good = [listed[int(index)] for position, index in enumerate(order) if position not in bad]
     assert [table.read_label(i) for i in range(45)] == [image.label for image in good]
 
 

@@ -13,7 +13,10 @@ alone does not show: ZeRO's gradient buckets (``reduce_bucket_size`` elements in
 are reduced in, a second one with ``overlap_comm``; DeepSpeed's default is 5e8 elements, 1 GB in
 bf16; ZeRO-3 adds its parameter prefetch bucket, ``stage3_prefetch_bucket_size`` 16-bit elements),
 DALI's pipeline buffers (its prefetched output batches and the decoded images), and the CUDA
-context with NCCL's buffers (about 1 GiB).  On CPU ranks ``buffers`` is a few MiB.
+context with NCCL's buffers (about 1 GiB).  On CPU ranks ``buffers`` is a few MiB; there the rank's
+memory is host memory, so the plan adds the runtime itself (Python, torch, DeepSpeed, DALI: about
+1.1 GiB, measured by `instcls plan --cpu` in a fresh process, ``runtime_baseline``) and the host copies
+that background checkpoints keep (``checkpoint_host_copies``).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class PlanInput:
     momentum: bool = True
     update_in_backward: bool = False  # DHP: W's gradient never materialised
     backbone: str | None = None
+    head_hidden_dim: int = 2048  # the MLP head's hidden width (model.head_hidden_dim)
     image_size: int = 224
     views: int = 2
     zero_stage: int = 0
@@ -65,6 +69,8 @@ class PlanInput:
     dali_prefetch: int = DALI_PREFETCH_DEPTH  # batches DALI prepares ahead (data.loader.prefetch_depth)
     kernel: str = "auto"  # the classifier's path: auto = fused on GPUs without CO2, chunked otherwise
     targets: int = 1  # target rows per sample: the instance, plus K hard negatives with top-K smoothing
+    checkpoints: bool = False  # the job saves in the background (checkpoint.every_steps / every_epochs)
+    runtime_bytes: int = 0  # CPU: a rank's RSS before any tensor (Python, torch, DeepSpeed, DALI), measured
 
     @property
     def fused(self) -> bool:
@@ -95,19 +101,34 @@ def co2_scratch(plan: PlanInput, scored: int, chunk: int) -> int:
 
 
 def fused_workspace(plan: PlanInput, scored: int, rows: int, row_buffer: bool) -> int:
-    """The fused path's buffers (``trainer.classifier.kernel.fused``): no logits anywhere, only
-    per-sample partial sums and feature-gradient partials over ``FUSED_SPLITS`` programs per
-    feature block, the scored rows' norms, one column group of gathered target rows (three fp32
-    temporaries), the features' gradient, and a chunk of rows' gradient where it cannot be written
-    in place (in-backward SGD, sampled rows)."""
+    """The fused path's buffers (``trainer.classifier.kernel.fused``): no logits anywhere.  Held through
+    the backward: the scored rows' norms and the features' gradient.  Then, one after the other, the
+    feature-gradient partials over ``FUSED_SPLITS`` programs per feature block (summed and freed), and
+    the target passes: one column group of gathered target rows at a time, three fp32 ``[B, group, D]``
+    temporaries beside the features' fp32 copy.  The larger of those two phases counts.  A chunk of
+    rows' gradient is added where it cannot be written in place (in-backward SGD, sampled rows)."""
     from trainer.classifier.kernel.fused import FUSED_SPLITS_ON_FAKE_DEVICES, TARGET_COLUMNS_PER_PASS, padded_dim
 
     splits = FUSED_SPLITS_ON_FAKE_DEVICES
-    workspace = rows * 4 + splits * scored * (4 + padded_dim(plan.dim) * 4)
-    workspace += 3 * scored * min(TARGET_COLUMNS_PER_PASS, plan.targets) * plan.dim * 4 + scored * plan.dim * 4
+    softmax_partials = splits * scored * (4 + padded_dim(plan.dim) * 4)
+    target_pass = 3 * scored * min(TARGET_COLUMNS_PER_PASS, plan.targets) * plan.dim * 4 + scored * plan.dim * 4
+    workspace = rows * 4 + scored * plan.dim * 4 + max(softmax_partials, target_pass)
     if row_buffer:
         workspace += (min(plan.chunk_size, rows) + 1) * plan.dim * 4
     return workspace
+
+
+def smoothing_state(plan: PlanInput, rows: int, scored: int) -> int:
+    """Top-K smoothing (``trainer.classifier.hard_negatives``), on either path: the search's table (the K
+    hardest negatives of each local row, int64), its inversion kept for the step's lookups when the
+    rows are sharded (each entry held by its negative's owner: instance int64, slot int16, column
+    int32; about ``rows * K`` entries on each rank), and each scored sample's K+1 target columns
+    (int64) with their smoothing coefficients and gradients (fp32)."""
+    top_k = plan.targets - 1
+    if top_k <= 0:
+        return 0
+    inverted = (rows * top_k + 1) * (8 + 2 + 4) if plan.mode == "dhp" and plan.ranks > 1 else 0
+    return rows * top_k * 8 + inverted + scored * plan.targets * (8 + 4 + 4)
 
 
 def _chunk_workspace(plan: PlanInput, scored: int, chunk: int) -> int:
@@ -152,16 +173,17 @@ def classifier_breakdown(plan: PlanInput) -> dict[str, int]:
         "classifier momentum": shard if plan.momentum else 0,
         "logits/activations (chunk workspace)": 0 if fused else _chunk_workspace(plan, scored, chunk),
         "fused kernel buffers": fused_workspace(plan, scored, rows, row_buffer=plan.update_in_backward) if fused else 0,
+        "top-K smoothing (hard negatives, targets)": smoothing_state(plan, rows, scored),
         "logits cache": cache if cached else 0,
         "CO2 term (chunk scratch)": co2_scratch(plan, scored, chunk),
     }
 
 
 @lru_cache(maxsize=32)
-def _backbone_profile(arch: str, image_size: int) -> tuple[int, int]:
+def _backbone_profile(arch: str, image_size: int, head_hidden_dim: int = 2048, dim: int = 128) -> tuple[int, int]:
     """``(parameters, activation bytes per image in fp32)`` from one forward on the meta device."""
     with torch.device("meta"):
-        model = build_model(ModelConfig(arch=arch))
+        model = build_model(ModelConfig(arch=arch, head_hidden_dim=head_hidden_dim, feature_dim=dim))
         images = torch.empty(2, 3, image_size, image_size)
     parameter_ids = {id(p) for p in model.parameters()}
     saved: dict[int, int] = {}
@@ -181,7 +203,7 @@ def _backbone_profile(arch: str, image_size: int) -> tuple[int, int]:
 def backbone_breakdown(plan: PlanInput) -> dict[str, int]:
     if plan.backbone is None:
         return {}
-    parameters, activation_fp32 = _backbone_profile(plan.backbone, plan.image_size)
+    parameters, activation_fp32 = _backbone_profile(plan.backbone, plan.image_size, plan.head_hidden_dim, plan.dim)
     half = plan.dtype != "float32"
     stage, ranks = plan.zero_stage, plan.ranks
     weights = parameters * (2 if half else 4) / (ranks if stage >= 3 else 1)
@@ -198,10 +220,39 @@ def backbone_breakdown(plan: PlanInput) -> dict[str, int]:
     }
 
 
+def checkpoint_host_copies(plan: PlanInput) -> dict[str, int]:
+    """What a background save leaves in host memory for the next one (``trainer.checkpoint.save_plan``),
+    on rank 0, which holds the most.  ``HostStager``: a copy of every tensor the save writes from
+    the live state, that is this rank's classifier rows (W, its momentum, the hard-negative table)
+    and DeepSpeed's files (rank 0's module states; the optimizer state, partitioned by ZeRO >= 1);
+    ``HostBuffers``: rank 0's fp32 network and optimizer state for ``model.pt`` and ``optimizer.pt``.
+    Counted on CPU ranks only: on a GPU they are pinned host memory, beside the device memory
+    planned here.  PIC's rows off the device are left out, as the row store itself is."""
+    if plan.device == "gpu" or not plan.checkpoints:
+        return {}
+    rows = plan.num_classes if plan.mode == "ddp" else -(-plan.num_classes // plan.ranks)
+    row_bytes = plan.dim * 4 * (2 if plan.momentum else 1)
+    if plan.mode != "pic" and plan.targets > 1:
+        row_bytes += (plan.targets - 1) * 8
+    copies = {"checkpoint copies: classifier rows": 0 if plan.mode == "pic" and plan.row_store != "device"
+              else rows * row_bytes}
+    if plan.backbone is not None:
+        parameters, _ = _backbone_profile(plan.backbone, plan.image_size, plan.head_hidden_dim, plan.dim)
+        half = plan.dtype != "float32"
+        optimizer = parameters * ((4 if plan.momentum else 0) + (4 if half else 0))
+        partition = plan.ranks if plan.zero_stage >= 1 else 1
+        copies["checkpoint copies: DeepSpeed files"] = parameters * (2 if half else 4) + optimizer // partition
+        copies["checkpoint copies: model.pt, optimizer.pt"] = parameters * (8 if plan.momentum else 4)
+    return copies
+
+
 def runtime_breakdown(plan: PlanInput) -> dict[str, int]:
-    """What DeepSpeed and DALI hold on a GPU besides the model (see the module docstring)."""
+    """What DeepSpeed and DALI hold on a GPU besides the model (see the module docstring); on a CPU
+    rank, the runtime's own memory (when measured: ``runtime_baseline``) and the checkpoint's copies."""
     if plan.device != "gpu":
-        return {"buffers": CPU_BUFFERS}
+        runtime = {"runtime (measured: Python, torch, libs)": plan.runtime_bytes} if plan.runtime_bytes \
+            else {}
+        return {"buffers": CPU_BUFFERS} | runtime | checkpoint_host_copies(plan)
     breakdown = {}
     if plan.backbone is not None and plan.zero_stage >= 1:
         buckets = 2 if plan.overlap_comm else 1

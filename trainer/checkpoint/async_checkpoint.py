@@ -28,7 +28,7 @@ import json
 import shutil
 import time
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +46,7 @@ from trainer.checkpoint.save_guard import CheckpointInterrupted, CheckpointWrite
 from trainer.checkpoint.save_plan import HostStager, unstaged, write_plan
 from trainer.failpoints import fail_point
 from trainer.parallel import ParallelDims
+from trainer.parallel.device_threads import device_thread_pool
 
 # A writer waits this long for the slowest rank's files before its collective gives up.
 WRITER_TIMEOUT = datetime.timedelta(minutes=30)
@@ -69,7 +70,8 @@ class AsyncCheckpointer:
             raise ValueError(f"checkpoint.keep_last={keep_last} is invalid: keep at least the newest checkpoint (1)")
         self.directory, self.dims, self.keep_last, self.log = Path(directory), dims, keep_last, log
         self.group = dist.new_group(backend="gloo", timeout=WRITER_TIMEOUT) if dims.is_distributed else None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="instcls-checkpoint-writer")
+        # DCP's writer synchronises the current CUDA stream: the rank's own device's, not GPU 0's.
+        self._executor = device_thread_pool(dims.device, "instcls-checkpoint-writer")
         self._stager = HostStager(dims.device)
         self._in_flight: tuple[SaveJob, Future] | None = None
         self._failure: BaseException | None = None

@@ -26,10 +26,9 @@ import re
 import zlib
 from pathlib import Path
 
-import torch.distributed as dist
-
 from trainer.checkpoint.safe_load import load_data
 from trainer.parallel import ParallelDims
+from trainer.parallel.rank0_work import run_on_rank0
 
 _NAME = re.compile(r"^step_(\d{9})$")
 MANIFEST = "manifest.json"
@@ -154,18 +153,19 @@ def resolve_resume(resume: str | None, directory: Path, log=print) -> Path | Non
 
 
 def resolve_resume_on_rank0(resume: str | None, directory: Path, dims: ParallelDims, log=print) -> Path | None:
-    """``resolve_resume`` run once (rank 0 reads the files), its answer sent to every rank."""
-    answer = [None]
-    if dims.rank == 0:
+    """``resolve_resume`` run once (rank 0 reads the files), its answer sent to every rank, which
+    wait for it without a collective deadline (checksumming a large checkpoint takes a while)."""
+
+    def resolve() -> Path | Exception | None:
         try:
-            answer[0] = resolve_resume(resume, directory, log)
+            return resolve_resume(resume, directory, log)
         except (RuntimeError, FileNotFoundError) as error:
-            answer[0] = error
-    if dims.is_distributed:
-        dist.broadcast_object_list(answer, src=0, group=dims.control_group)
-    if isinstance(answer[0], Exception):
-        raise answer[0]
-    return answer[0]
+            return error  # raised on every rank alike
+
+    answer = run_on_rank0(resolve, dims.control_group if dims.is_distributed else None)
+    if isinstance(answer, Exception):
+        raise answer
+    return answer
 
 
 def read_trainer_meta(path: Path) -> dict:

@@ -14,6 +14,7 @@ import faiss
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensor
 
 from trainer.classifier.sharding import ClassShard
 from trainer.parallel.collectives import Group, group_rank, group_size
@@ -130,6 +131,10 @@ class HardNegativeIndex:
         return out.scatter_(1, slot, column)[:, :top_k]
 
 
+def _even_sizes(total: int, parts: int) -> list[int]:
+    return [total // parts + (part < total % parts) for part in range(parts)]
+
+
 def _invert(owner_table: torch.Tensor, shard: ClassShard, group: Group) -> tuple[torch.Tensor, ...]:
     """``(instances int64, slots int16, local columns int32)`` of the table entries whose negative this
     rank owns, sorted by instance id; the entries travel to their negative's owner in one all-to-all."""
@@ -145,10 +150,16 @@ def _invert(owner_table: torch.Tensor, shard: ClassShard, group: Group) -> tuple
         send_counts = torch.bincount(owners, minlength=group_size(group))
         receive_counts = torch.empty_like(send_counts)
         dist.all_to_all_single(receive_counts, send_counts, group=group)
-        received = torch.empty(int(receive_counts.sum()), 3, dtype=torch.int64, device=device)
+        total = int(receive_counts.sum())
+        receive_sizes, send_sizes = receive_counts.tolist(), send_counts.tolist()
+        if isinstance(owner_table, FakeTensor):
+            # The dry run's fake tensors hold no counts.  Hard negatives spread over every shard, so a
+            # rank receives about as many entries as it sends: the index is sized as on a real run.
+            total, receive_sizes = packed.shape[1], _even_sizes(packed.shape[1], group_size(group))
+            send_sizes = receive_sizes
+        received = torch.empty(total, 3, dtype=torch.int64, device=device)
         # all_to_all splits along dim 0, so each entry travels as one row of 3 fields.
-        dist.all_to_all_single(received, packed.t().contiguous(), receive_counts.tolist(), send_counts.tolist(),
-                               group=group)
+        dist.all_to_all_single(received, packed.t().contiguous(), receive_sizes, send_sizes, group=group)
         packed = received.t()
     # A sentinel past every id (instance N) keeps the arrays non-empty for the fixed-shape lookup.
     sentinel = torch.tensor([[shard.num_classes], [0], [shard.class_start]], device=device)

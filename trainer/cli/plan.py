@@ -52,7 +52,9 @@ def register(commands) -> None:
     parser.add_argument("--no-momentum", action="store_true", help="plain SGD (no momentum buffers)")
     parser.add_argument("--update-in-backward", action="store_true", help="DHP: no full gradient of W")
     parser.add_argument("--gpu-memory-gib", type=_positive_float, default=80.0, help="memory per GPU (or per rank)")
-    parser.add_argument("--cpu", action="store_true", help="plan CPU ranks (no CUDA context / NCCL buffers)")
+    parser.add_argument("--cpu", action="store_true",
+                        help="plan CPU ranks: no CUDA context / NCCL buffers; the runtime's own memory (measured in a "
+                        "fresh process: seconds) and the host copies background checkpoints keep")
     parser.add_argument("--queue", type=_at_least(0), default=65536, help="PIC: K recent ids scored besides the batch")
     parser.add_argument("--row-store", default="host", choices=["device", "host", "disk"],
                         help="PIC: where W and its momentum live (device counts them in device memory)")
@@ -88,13 +90,17 @@ def _run_plan(args: argparse.Namespace) -> int:
             backbone=None if args.backbone == "none" else args.backbone, image_size=args.image_size,
             views=args.views, zero_stage=args.zero_stage, device="cpu" if args.cpu else "gpu", queue=args.queue,
             row_store=args.row_store, co2=args.co2, dali=not args.no_dali, kernel=args.kernel,
-            targets=1 + args.top_k,
+            targets=1 + args.top_k, checkpoints=True,
         )
     if args.deepspeed_config is not None:
         import ds_configs
 
         ds_file = ds_configs.resolve(args.deepspeed_config)  # a shipped name, or a path from here
         plan = replace(plan, **deepspeed_settings(load_deepspeed_config(ds_file, 1)))
+    if plan.device == "cpu":
+        from trainer.bench.runtime_baseline import runtime_rss_bytes
+
+        plan = replace(plan, runtime_bytes=runtime_rss_bytes(plan.dali))
     capacity = int(args.gpu_memory_gib * GIB)
     print(format_plan(plan, capacity))
     if args.json:

@@ -47,6 +47,9 @@ def register(commands) -> None:
         help="seed of the stored sample order (and of synthetic images and digit scenes)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
+    parser.add_argument("--listing-only", action="store_true",
+                        help="list this part's share of the source and say how many images and shards it holds and "
+                        "this process's peak memory; read and write no image (sizing a part's machine)")
     parser.set_defaults(handler=_run_make_shards)
     _add_merge_shards(commands)
     _add_upgrade_shards(commands)
@@ -60,6 +63,8 @@ def _run_make_shards(args: argparse.Namespace) -> int:
 
     check_labels(args)
     kind, part = source_kind(args.source), Part.parse(args.part)
+    if args.listing_only:
+        return _list_only(kind, part, args)
     if kind.index_in_place is not None:
         manifest = kind.index_in_place(args, part)
     else:
@@ -76,6 +81,24 @@ def _run_make_shards(args: argparse.Namespace) -> int:
         print(f"part {part} of {args.out} done; once every part is, run `instcls merge-shards {args.out}`")
         return 0
     _say_written(manifest, args.out)
+    return 0
+
+
+def _list_only(kind, part, args: argparse.Namespace) -> int:
+    import time
+
+    from data_pipeline.ingest.part_listing import list_part
+    from trainer.observability.memory import current_rss_bytes, peak_rss_bytes
+
+    if kind.open is None:
+        raise SystemExit(f"--listing-only: --source {kind.name} indexes tars in place, with no listing to cut; "
+                         "leave the flag out")
+    before, started = current_rss_bytes(), time.perf_counter()
+    listing = list_part(kind.open(args), args.samples_per_shard, args.seed, part)
+    print(f"part {part}: {len(listing.images):,} of {listing.count:,} images in {len(listing.offsets) - 1:,} of "
+          f"{listing.num_shards:,} shards; listed in {time.perf_counter() - started:.1f} s; peak RSS "
+          f"{peak_rss_bytes() / 2**20:,.0f} MiB ({before / 2**20:,.0f} MiB before listing); listing sha256 "
+          f"{listing.sha256}")
     return 0
 
 

@@ -12,6 +12,7 @@ sync (``host_syncs``), every collective (``collectives``), and the error that st
 
 from __future__ import annotations
 
+import datetime
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from trainer.dry_run.fake_cuda import fake_cuda_runtime
 from trainer.dry_run.host_memory import RealHostMemory
 from trainer.dry_run.host_syncs import HostSync, HostSyncRecorder, innermost_project_frame
 from trainer.objectives import ObjectiveContext, OptimSettings, StepViews, View, build_objective
-from trainer.parallel.dims import ParallelDims, build_classifier_groups
+from trainer.parallel.dims import DEFAULT_TIMEOUT_S, ParallelDims, build_classifier_groups
 
 GPUS_PER_NODE = 8
 
@@ -68,11 +69,12 @@ def _fake_dims(config: JobConfig, world_size: int, rank: int) -> ParallelDims:
     size = config.parallel.classifier_parallel_size or world_size
     if world_size % size:
         raise ValueError(f"parallel.classifier_parallel_size={size} does not divide --ranks {world_size}")
-    classifier_group, replica_group = build_classifier_groups(world_size, rank, size)
+    timeout = datetime.timedelta(seconds=DEFAULT_TIMEOUT_S)  # the fake groups never wait; given for form
+    classifier_group, replica_group = build_classifier_groups(world_size, rank, size, timeout)
     return ParallelDims(world_size=world_size, rank=rank, local_rank=rank % GPUS_PER_NODE,
                         classifier_parallel_size=size, device=torch.device("cuda", rank % GPUS_PER_NODE),
                         backend="nccl", classifier_group=classifier_group, classifier_replica_group=replica_group,
-                        control_group=dist.new_group() if world_size > 1 else None)
+                        control_group=dist.new_group(timeout=timeout) if world_size > 1 else None)
 
 
 def _stopped_by(error: BaseException) -> str:

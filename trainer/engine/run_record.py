@@ -127,10 +127,17 @@ class RunRecord:
         self.say(f"epoch {epoch}: {seconds:.1f}s; objective: " +
                  ", ".join(f"{name} {value:.4g}" for name, value in objective_metrics.items()))
 
-    def summary(self, objective_name: str, epochs: int, steps: int, world_size: int) -> None:
-        """What the run cost on this rank: throughput and peak memory (CUDA allocator or CPU RSS)."""
+    def epoch_stopped(self, seconds: float) -> None:
+        """The run stops inside an epoch (max_steps, SIGTERM): its steps so far count as training time."""
+        self.train_seconds += seconds
+
+    def summary(self, objective_name: str, epochs: int, steps: int, world_size: int,
+                stopped_by: str = "finished") -> None:
+        """What the run cost on this rank: throughput and peak memory (CUDA allocator or CPU RSS), and how
+        it ended ("finished", "max_steps", "sigterm")."""
         cuda = self.device.type == "cuda"
         peak = torch.cuda.max_memory_allocated(self.device) if cuda else peak_rss_bytes()
         self.log.write(event="summary", objective=objective_name, epochs=epochs, steps=steps,
                        seconds=round(self.train_seconds, 3), world_size=world_size, images=self.images_this_run,
-                       peak_memory_bytes=peak, peak_memory_kind="cuda_max_allocated" if cuda else "rss_high_water")
+                       peak_memory_bytes=peak, peak_memory_kind="cuda_max_allocated" if cuda else "rss_high_water",
+                       stopped_by=stopped_by)

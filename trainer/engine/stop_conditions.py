@@ -102,9 +102,14 @@ class NonFiniteWatch:
         self._bad |= ~torch.isfinite(loss.detach())
 
     def observe_parameters(self, tensors) -> None:
-        """Before a save: a finite loss can still be followed by an update that overflowed."""
+        """Before a save: a finite loss can still be followed by an update that overflowed.  A tensor's
+        extremes say it (NaN propagates into both, an infinity is one), read by one reduction:
+        ``isfinite`` would build a copy of its absolute values and three masks, 1.75x the size of W
+        (550 MiB on a CPU rank of ImageNet-1K on 2 ranks, the peak of every save)."""
         for tensor in tensors:
-            self._bad |= ~torch.isfinite(tensor.detach()).all().to(self._bad.device)
+            if tensor.numel():  # a ZeRO-3 rank's partition may be empty
+                low, high = torch.aminmax(tensor.detach())
+                self._bad |= ~(torch.isfinite(low) & torch.isfinite(high)).to(self._bad.device)
 
     def check(self, control_group, step: int, last_good: str | None) -> None:
         """Raise on every rank if any rank saw a non-finite loss (collective)."""

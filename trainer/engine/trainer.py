@@ -210,11 +210,11 @@ class Trainer:
         finally:
             self.checkpointer.close()  # the save in flight finishes (on an error too: it is a good one)
             self.stop_signal.restore()
+        # Every clean end (the last epoch, max_steps, SIGTERM) logs what the run cost, its peak memory included.
+        self.record.summary(config.objective.name, state.epoch, state.global_step, self.dims.world_size, stopped_by)
         scores = None
-        if stopped_by == "finished":
-            self.record.summary(config.objective.name, state.epoch, state.global_step, self.dims.world_size)
-            if config.eval.knn_at_end:
-                scores = self.evaluate(final=True)
+        if stopped_by == "finished" and config.eval.knn_at_end:
+            scores = self.evaluate(final=True)
         return TrainResult(state, stopped_by, self.checkpointer.last_complete, scores)
 
     def _train_epoch(self) -> str:
@@ -230,6 +230,7 @@ class Trainer:
         # The loader starts at the first step not yet done: nothing before it is read or decoded.
         for batch in self.train_loader.epoch_batches(epoch, state.step_in_epoch):
             if config.max_steps is not None and state.global_step >= config.max_steps:
+                self.record.epoch_stopped(time.perf_counter() - epoch_start)
                 self._save(wait=True)
                 bar.close()
                 return "max_steps"
@@ -263,6 +264,7 @@ class Trainer:
             self.record.phases_done(self.phases.completed())
             if stop_agreed if stop_agreed is not None else self.stop_signal.stop_after_step():
                 self._say(f"SIGTERM: saving at step {state.global_step} and exiting")
+                self.record.epoch_stopped(time.perf_counter() - epoch_start)
                 self._save(wait=True)  # after the save in flight, if any
                 bar.close()
                 return "sigterm"

@@ -12,7 +12,7 @@ from trainer.evaluation.linear import linear_probe_accuracy
 from trainer.evaluation.sharded_knn import knn_bank_shard
 from trainer.models import build_model
 from trainer.parallel import init_distributed
-from trainer.parallel.collectives import object_from_rank0
+from trainer.parallel.rank0_work import run_on_rank0
 
 PROTOCOLS = ("knn", "linear")
 
@@ -51,14 +51,14 @@ def frozen_accuracy(model, config, protocol: str, features_out: Path | None = No
     digest = features_digest(queries, group)
     if features_out is not None or protocol == "linear":  # both need every row in one process: rank 0's
         bank_all, queries_all = gather_to_rank0_host(bank, dims), gather_to_rank0_host(queries, dims)
-        if features_out is not None and dims.rank == 0:
-            save_features(features_out, bank_all, queries_all)
+        if features_out is not None:  # the others wait for rank 0's write without a collective deadline
+            run_on_rank0(lambda: save_features(features_out, bank_all, queries_all), dims.control_group)
     if protocol == "knn":
         shard = knn_bank_shard(bank.features, bank.labels, bank.ids, group)
         accuracy = sharded_knn_accuracy(shard, queries.features, queries.labels, config.eval.knn_k,
                                         config.eval.knn_temperature, group)
         return FrozenAccuracy(f"kNN (k={config.eval.knn_k}, cosine)", accuracy, digest, dims.rank)
-    accuracy = None
-    if dims.rank == 0:
-        accuracy = linear_probe_accuracy(bank_all.features, bank_all.labels, queries_all.features, queries_all.labels)
-    return FrozenAccuracy("linear probe", object_from_rank0(accuracy, dims.control_group), digest, dims.rank)
+    # fitted on rank 0 for as long as it takes: the others wait without a collective deadline
+    accuracy = run_on_rank0(lambda: linear_probe_accuracy(bank_all.features, bank_all.labels, queries_all.features,
+                                                          queries_all.labels), dims.control_group)
+    return FrozenAccuracy("linear probe", accuracy, digest, dims.rank)

@@ -8,9 +8,10 @@ protocol): each of the k neighbours votes for its label with weight exp(similari
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from trainer.evaluation.sharded_knn import knn_bank_shard, sharded_neighbours, weighted_vote
-from trainer.parallel.collectives import Group, gather_uneven_rows
+from trainer.parallel.collectives import Group, all_reduce_
 
 
 @torch.no_grad()
@@ -23,23 +24,36 @@ def knn_predict(
     return weighted_vote(sharded_neighbours(shard, queries, k, None, query_chunk=chunk), temperature, chunk)
 
 
-def _require_query_labels(query_labels: torch.Tensor) -> None:
-    if (query_labels < 0).any():
+def _require_query_labels(unlabelled) -> None:
+    if unlabelled:
         raise ValueError("kNN evaluation needs labelled shards: data.eval_shards has unlabelled samples "
                          "(make-shards from a labelled source)")
 
 
 def knn_accuracy(bank, bank_labels, queries, query_labels, k: int = 20, temperature: float = 0.07) -> float:
-    _require_query_labels(query_labels)
-    return float((knn_predict(bank, bank_labels, queries, k, temperature) == query_labels).float().mean())
+    _require_query_labels(bool((query_labels < 0).any()))
+    return _fraction(int((knn_predict(bank, bank_labels, queries, k, temperature) == query_labels).sum()),
+                     len(query_labels))
+
+
+def _fraction(correct: int, total: int) -> float:
+    return correct / total if total else float("nan")
 
 
 @torch.no_grad()
 def sharded_knn_accuracy(shard, queries: torch.Tensor, query_labels: torch.Tensor, k: int, temperature: float,
                          group: Group) -> float:
-    """Collective: accuracy on every rank's held-out ``queries`` together (this rank's rows; they are
-    all-gathered, every rank scoring them all against its own bank ``shard``)."""
-    queries, query_labels = gather_uneven_rows(queries, group), gather_uneven_rows(query_labels, group)
-    _require_query_labels(query_labels)
-    predictions = weighted_vote(sharded_neighbours(shard, queries, k, group), temperature)
-    return float((predictions == query_labels.to(predictions.device)).float().mean())
+    """Collective: accuracy on every rank's held-out ``queries`` together, each rank finding and
+    voting the neighbours of its own rows (``sharded_neighbours``); only counts are summed."""
+    device = shard.features.device
+    query_labels = query_labels.to(device)
+    # One all-reduce: the most queries on a rank (the rounds) and whether any rank has an unlabelled one
+    status = torch.tensor([queries.shape[0], 0], device=device)
+    status[1:] = (query_labels < 0).any()
+    most_queries, unlabelled = all_reduce_(status, dist.ReduceOp.MAX, group).tolist()
+    _require_query_labels(unlabelled)
+    predictions = weighted_vote(sharded_neighbours(shard, queries, k, group, most_queries=most_queries),
+                                temperature)
+    counts = torch.stack([(predictions == query_labels).sum(), torch.tensor(queries.shape[0], device=device)])
+    correct, total = all_reduce_(counts, dist.ReduceOp.SUM, group).tolist()
+    return _fraction(correct, total)

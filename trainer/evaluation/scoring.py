@@ -15,7 +15,7 @@ from trainer.evaluation.linear import linear_probe_accuracy, linear_probe_curve
 from trainer.evaluation.sharded_knn import knn_bank_shard
 from trainer.models.backbone import InstanceModel
 from trainer.parallel import ParallelDims
-from trainer.parallel.collectives import object_from_rank0
+from trainer.parallel.rank0_work import run_on_rank0
 
 
 class FrozenFeatureScores:
@@ -50,7 +50,8 @@ class FrozenFeatureScores:
         with ``linear`` the probe of both networks and the trained one's learning curve
         (``linear_curve``: label fraction -> accuracy).
         The probe fits on rank 0, on the bank gathered into its host memory (``eval.bank_samples``
-        bounds it); every rank returns its results."""
+        bounds it), for as long as it takes: the other ranks wait without a collective deadline
+        (``run_on_rank0``); every rank returns its results."""
         started = time.perf_counter()
         random_probe_inputs = None
         if self._random_knn is None or linear:
@@ -58,11 +59,11 @@ class FrozenFeatureScores:
         knn_trained, digest, trained_probe_inputs = self._scores(trained, linear)
         results = {"knn_trained": knn_trained, "knn_random_init": self._random_knn, "query_features_digest": digest}
         if linear:
-            probe = None
-            if self.dims.rank == 0:
+            def probe() -> dict:  # on rank 0, the one holding the gathered features
                 curve = {str(f): a for f, a in linear_probe_curve(*trained_probe_inputs).items()}
-                probe = {"linear_curve": curve, "linear_trained": curve["1.0"],  # the all-labels point is the probe
-                         "linear_random_init": linear_probe_accuracy(*random_probe_inputs)}
-            results.update(object_from_rank0(probe, self.dims.control_group))
+                return {"linear_curve": curve, "linear_trained": curve["1.0"],  # the all-labels point is the probe
+                        "linear_random_init": linear_probe_accuracy(*random_probe_inputs)}
+
+            results.update(run_on_rank0(probe, self.dims.control_group))
         results["seconds"] = round(time.perf_counter() - started, 3)
         return results

@@ -1,15 +1,21 @@
-"""Weighted kNN over a bank sharded by rows: no rank ever holds more than its own N/T rows.
+"""Weighted kNN over a bank and queries both sharded by rows: no rank ever holds more than its own
+rows of either, and nothing it allocates grows with the queries times the ranks.
 
-Every rank scores all queries (they are few and all-gathered) against its own shard, in blocks of
-bank rows so the similarity matrix stays ``[query_chunk, bank_block]``, and keeps each query's k
-best candidates.  The global k nearest neighbours of a query are among the union of the ranks'
-k best (each of them is in its own shard's k best), so all-gathering the ``T x k`` candidates and
-selecting k again is exact.  One tie rule everywhere (similarity descending, then lower instance
-id, see ``top_k``) makes the set the same for any number of ranks; the votes are then added in
-that order, one neighbour at a time, so the predictions equal the single-process ones bit for bit
-given the same similarities.  (Similarities come from float32 matmuls of different shapes than a
-whole-bank matmul; a BLAS that changes its summation order with the shape could move a near-tie
-by one ulp.  The tests see none.)
+Each rank owns its queries.  They are scored in rounds: every rank contributes its next ``block``
+queries (``query_chunk / T`` rows, zeros past its last), the blocks are all-gathered, and every rank
+scores the ``T x block`` rows against its own bank shard, in blocks of bank rows so the similarity
+matrix stays ``[T x block, bank_block]``, keeping each query's k best candidates.  An all-to-all
+then sends each query's candidates to the rank that owns it, which selects k among the ``T x k``.
+The global k nearest neighbours of a query are among the union of the ranks' k best (each of them
+is in its own shard's k best), so selecting k again is exact.  One tie rule everywhere
+(similarity descending, then lower instance id, see ``top_k``) makes the set the same for any
+number of ranks; the votes are then added in that order, one neighbour at a time, so the
+predictions equal the single-process ones bit for bit given the same similarities.
+(Similarities come from float32 matmuls of different shapes than a whole-bank matmul; a BLAS that
+changes its summation order with the shape could move a near-tie by one ulp.  The tests see none.)
+
+Per rank the memory is its bank shard, its queries and their k neighbours, plus one round's
+``T x block`` gathered rows and their candidates: ``knn_memory.knn_peak_bytes`` adds it up.
 
 The bank may be stored in float16 (half the memory); rows are normalised and scored in float32,
 so the result is then exactly the float32 kNN of the float16-rounded features.
@@ -24,7 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainer.evaluation.top_k import block_top_k_columns, columns_by_similarity_then_id
-from trainer.parallel.collectives import Group, gather_rows, group_size
+from trainer.parallel.collectives import Group, all_reduce_, gather_rows, group_size
 
 NO_ID = torch.iinfo(torch.int64).max  # fills candidate lists of shards with fewer than k rows
 
@@ -73,6 +79,9 @@ class Neighbours:
     ids: torch.Tensor
     labels: torch.Tensor
 
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.similarities, self.ids, self.labels
+
 
 def _shard_candidates(shard: KnnBankShard, queries: torch.Tensor, k: int, bank_block: int) -> Neighbours:
     """This shard's k best rows for ``queries`` (normalised, float32), padded to k columns."""
@@ -100,30 +109,67 @@ def _pad(values: torch.Tensor, columns: int, fill) -> torch.Tensor:
 
 def _select(candidates: Neighbours, k: int) -> Neighbours:
     columns = columns_by_similarity_then_id(candidates.similarities, candidates.ids, k)
-    return Neighbours(*(values.gather(1, columns) for values in
-                        (candidates.similarities, candidates.ids, candidates.labels)))
+    return Neighbours(*(values.gather(1, columns) for values in candidates.tensors()))
+
+
+def _most_rows(rows: int, device: torch.device, group: Group) -> int:
+    """Collective: the largest ``rows`` over the group (every rank runs as many rounds)."""
+    most = torch.tensor([rows], device=device)
+    return int(all_reduce_(most, dist.ReduceOp.MAX, group))
+
+
+def _query_block(queries: torch.Tensor, start: int, rows: int, device: torch.device) -> torch.Tensor:
+    """Normalised float32 queries ``[start, start + rows)``, zero rows past the last one (they score
+    0 everywhere, and their neighbours are dropped)."""
+    mine = F.normalize(queries[start : start + rows].to(device).float(), dim=1)
+    if mine.shape[0] == rows:
+        return mine
+    return torch.cat([mine, mine.new_zeros((rows - mine.shape[0], mine.shape[1]))])
+
+
+def _to_owners(candidates: Neighbours, group: Group) -> Neighbours:
+    """Collective: rows ``[r x block, (r + 1) x block)`` of every rank's candidates go to rank r, which
+    receives ``[T x block, k]``, the source ranks in order.  One all-to-all: the similarities' bits
+    travel as int64 beside the ids and labels."""
+    if group_size(group) == 1:
+        return candidates
+    k = candidates.ids.shape[1]
+    packed = torch.cat([candidates.similarities.view(torch.int32).long(), candidates.ids, candidates.labels], dim=1)
+    received = torch.empty_like(packed)
+    dist.all_to_all_single(received, packed, group=group)
+    return Neighbours(received[:, :k].int().view(torch.float32), received[:, k : 2 * k], received[:, 2 * k :])
 
 
 @torch.no_grad()
 def sharded_neighbours(shard: KnnBankShard, queries: torch.Tensor, k: int, group: Group,
-                       query_chunk: int = 1024, bank_block: int = 65536) -> Neighbours:
-    """Collective: the ``min(k, N)`` nearest bank rows (cosine) of every query over all shards.
+                       query_chunk: int = 1024, bank_block: int = 65536,
+                       most_queries: int | None = None) -> Neighbours:
+    """Collective: the ``min(k, N)`` nearest bank rows (cosine) of this rank's ``queries`` ``[q, F]``
+    over all shards (see the module docstring), ``[q, min(k, N)]`` each.
 
-    ``queries``: ``[q, F]``, the same on every rank.  Every rank returns the same result.
+    ``query_chunk``: query rows scored at once on every rank, ``T x block`` with ``block =
+    max(1, query_chunk // T)`` from each rank.  ``most_queries``: the most queries any rank holds,
+    when the caller knows it (otherwise one all-reduce finds it).
     """
     if k < 1:
         raise ValueError(f"kNN needs k >= 1 neighbours, got {k}: set eval.knn_k to a positive number")
-    queries = F.normalize(queries.to(shard.features.device).float(), dim=1)
-    parts = [_shard_candidates(shard, queries[start : start + query_chunk], k, bank_block)
-             for start in range(0, queries.shape[0], query_chunk)]
-    local = Neighbours(*(torch.cat(values) for values in zip(*((p.similarities, p.ids, p.labels) for p in parts))))
-    if not parts:
-        local = Neighbours(queries.new_empty((0, k)), shard.ids.new_empty((0, k)), shard.labels.new_empty((0, k)))
-    ranks, rows = group_size(group), queries.shape[0]
-    # [T * q, k] in rank order -> [q, T * k]: every query's candidates from every rank side by side
-    merged = Neighbours(*(gather_rows(values, group).reshape(ranks, rows, k).permute(1, 0, 2).reshape(-1, ranks * k)
-                          for values in (local.similarities, local.ids, local.labels)))
-    return _select(merged, min(k, shard.total_rows))
+    device, ranks, rows = shard.features.device, group_size(group), queries.shape[0]
+    if most_queries is None:
+        most_queries = _most_rows(rows, device, group)
+    block, kept = max(1, query_chunk // ranks), min(k, shard.total_rows)
+    found = Neighbours(torch.empty((rows, kept), device=device), shard.ids.new_empty((rows, kept)),
+                       shard.labels.new_empty((rows, kept)))
+    for start in range(0, most_queries, block):
+        scored = gather_rows(_query_block(queries, start, block, device), group)
+        received = _to_owners(_shard_candidates(shard, scored, k, bank_block), group)
+        # [T x block, k] in source-rank order -> [block, T x k]: each query's candidates side by side
+        merged = Neighbours(*(values.reshape(ranks, block, k).permute(1, 0, 2).reshape(block, ranks * k)
+                              for values in received.tensors()))
+        best, end = _select(merged, kept), min(start + block, rows)
+        if end > start:
+            for into, values in zip(found.tensors(), best.tensors()):
+                into[start:end] = values[: end - start]
+    return found
 
 
 def weighted_vote(neighbours: Neighbours, temperature: float, chunk: int = 1024) -> torch.Tensor:

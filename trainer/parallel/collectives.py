@@ -173,21 +173,6 @@ def _padded_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
     return padded
 
 
-def gather_uneven_rows(tensor: torch.Tensor, group: Group) -> torch.Tensor:
-    """``gather_rows`` for ranks holding different numbers of rows (evaluation features after the
-    padding repeats are dropped): every rank's rows in rank order, on every rank.
-
-    The collective needs one shape everywhere, so each rank pads to the largest count, and the
-    padding is cut out of the result.
-    """
-    if group_size(group) == 1:
-        return tensor
-    counts = gather_rows(torch.tensor([tensor.shape[0]], device=tensor.device), group).tolist()
-    largest = max(counts)
-    gathered = gather_rows(_padded_rows(tensor, largest), group)
-    return torch.cat([gathered[rank * largest : rank * largest + count] for rank, count in enumerate(counts)])
-
-
 def gather_uneven_rows_to_rank0(tensor: torch.Tensor, group: Group, counts: list[int]) -> torch.Tensor | None:
     """Every rank's rows in rank order on the group's first rank only (None elsewhere): what one
     process needs when the others need nothing (the linear probe).  ``counts``: every rank's row
@@ -206,7 +191,9 @@ def gather_uneven_rows_to_rank0(tensor: torch.Tensor, group: Group, counts: list
 
 def object_from_rank0(value, group: Group):
     """``value`` as the group's first rank holds it, on every rank (a small picklable result that
-    one rank computed: a probe's accuracy).  ``group``: a CPU (gloo) group, e.g. the control group."""
+    one rank computed before the others got here).  ``group``: a CPU (gloo) group, e.g. the control
+    group.  The others wait in a collective, within its timeout: rank-0 work that may take longer (a
+    linear probe's fits) goes through ``rank0_work.run_on_rank0``."""
     if group is None or dist.get_world_size(group) == 1:
         return value
     holder = [value]

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from trainer.parallel.device_choice import choose_device
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+DEFAULT_TIMEOUT_S = 600.0  # how long a collective waits for the slowest rank
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ def _store_of_this_attempt(world_size: int, timeout: datetime.timedelta) -> dist
 def init_distributed(
     classifier_parallel_size: int | None = None,
     backend: str | None = None,
-    timeout_s: float = 600.0,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
     device: str = "auto",
 ) -> ParallelDims:
     """Join the job described by torchrun's environment variables and build the groups.
@@ -136,6 +137,8 @@ def init_distributed(
     Without ``WORLD_SIZE`` in the environment this is a single-process run and no process group
     is created.  ``classifier_parallel_size`` defaults to the world size (the classifier is
     sharded over every rank, the paper's DHP setting).  ``device`` is ``parallel.device``.
+    ``timeout_s``: every group's collective timeout (``new_group`` would otherwise give gloo
+    groups 30 minutes, whatever the job's own).
     """
     if "WORLD_SIZE" not in os.environ:
         dims = single_process_dims(default_device(0, device))
@@ -159,8 +162,8 @@ def init_distributed(
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = backend or default_backend(device)
+    timeout = datetime.timedelta(seconds=timeout_s)
     if not dist.is_initialized():
-        timeout = datetime.timedelta(seconds=timeout_s)
         dist.init_process_group(
             backend=backend,
             rank=rank,
@@ -170,8 +173,8 @@ def init_distributed(
             store=_store_of_this_attempt(world_size, timeout),
         )
 
-    classifier_group, replica_group = build_classifier_groups(world_size, rank, classifier_parallel_size)
-    control_group = dist.group.WORLD if backend == "gloo" else dist.new_group(backend="gloo")
+    classifier_group, replica_group = build_classifier_groups(world_size, rank, classifier_parallel_size, timeout)
+    control_group = dist.group.WORLD if backend == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
     return ParallelDims(
         world_size=world_size,
         rank=rank,
@@ -186,9 +189,10 @@ def init_distributed(
 
 
 def build_classifier_groups(
-    world_size: int, rank: int, size: int
+    world_size: int, rank: int, size: int, timeout: datetime.timedelta
 ) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
-    """Consecutive blocks of ``size`` ranks, and the ranks holding the same shard across blocks.
+    """Consecutive blocks of ``size`` ranks, and the ranks holding the same shard across blocks;
+    ``timeout``: their collectives' (the job's).
 
     ``dist.new_group`` is collective: every rank creates every group, in the same order, and
     keeps the ones it belongs to.
@@ -197,14 +201,14 @@ def build_classifier_groups(
     if size > 1:
         for start in range(0, world_size, size):
             ranks = list(range(start, start + size))
-            group = dist.new_group(ranks) if size < world_size else dist.group.WORLD
+            group = dist.new_group(ranks, timeout=timeout) if size < world_size else dist.group.WORLD
             if rank in ranks:
                 classifier_group = group
     num_replicas = world_size // size
     if num_replicas > 1:
         for shard in range(size):
             ranks = list(range(shard, world_size, size))
-            group = dist.new_group(ranks) if num_replicas < world_size else dist.group.WORLD
+            group = dist.new_group(ranks, timeout=timeout) if num_replicas < world_size else dist.group.WORLD
             if rank in ranks:
                 replica_group = group
     return classifier_group, replica_group

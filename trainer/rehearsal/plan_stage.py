@@ -1,8 +1,9 @@
 """What `instcls plan --config ... --cpu` predicts per rank for the rehearsal's two jobs, to set
 next to the peak RSS measured.  The prediction counts tensors (W, its gradient and momentum, the
-chunk workspace, the backbone and its activations); a CPU process also holds the Python and torch
-runtime, DALI and the loader's buffers, which the plan does not count, so measured RSS sits above
-it by a roughly constant amount."""
+chunk workspace, the backbone and its activations) and the host copies the background saves keep;
+a CPU process also holds the Python and torch runtime, DALI and the loader's buffers, which
+`instcls plan --cpu` measures as a line of its own and ``predicted_bytes`` leaves out, so measured
+RSS sits above it by a roughly constant amount."""
 
 from __future__ import annotations
 

@@ -2,9 +2,9 @@
 memory of every rank they start.
 
 Peak RSS is read from the ranks themselves (``VmHWM`` in ``/proc/PID/status``, the kernel's
-high-water mark since the process started), polled while they run: a run stopped by ``max_steps``
-writes no end-of-run summary, so its JSON log never holds the peak.  The mark only grows, so the
-last reading is the peak up to one poll before the rank exited.
+high-water mark since the process started), polled while they run, so that a rank that crashes
+still has one (a clean end, ``max_steps`` included, also logs it in its summary record).  The mark
+only grows, so the last reading is the peak up to one poll before the rank exited.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ class Source:
     """A list of images and, when labelled, the names of their classes."""
 
     name: str
-    images: Sequence[SourceImage]
+    images: Sequence[SourceImage]  # or a listing streamed on demand (``files.FileListing``)
     class_names: list[str] | None
 
     def listing_sha256(self) -> str:
@@ -145,15 +145,42 @@ def digits_on_photos(image_size: int = 32, split: str = "all", renders_per_digit
     return Source(name=name, images=images, class_names=[str(d) for d in range(10)])
 
 
+class SyntheticImages(Sequence):
+    """The records of ``count`` synthetic images, each made when asked for: a list of 14.2M records
+    would hold gigabytes, and a part of an ingest reads only its share."""
+
+    _DIGEST_BLOCK = 1 << 16
+
+    def __init__(self, count: int, image_size: int, seed: int) -> None:
+        self.count, self.image_size, self.seed = count, image_size, seed
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self.count))]
+        if not -self.count <= index < self.count:
+            raise IndexError(f"synthetic image {index} of {self.count}")
+        index %= self.count
+        return SourceImage(origin=f"synthetic[{index}]", label=NO_LABEL,
+                           read=partial(_synthetic_png, self.seed, index, self.image_size))
+
+    def sha256(self) -> str:
+        """``Source.listing_sha256``'s digest of these records, without making them."""
+        digest = hashlib.sha256()
+        for start in range(0, self.count, self._DIGEST_BLOCK):
+            end = min(start + self._DIGEST_BLOCK, self.count)
+            digest.update("".join(f"synthetic[{i}]\t{NO_LABEL}\n" for i in range(start, end)).encode())
+        return digest.hexdigest()
+
+
 def synthetic(count: int, image_size: int, seed: int = 0) -> Source:
     """``count`` random smooth colour images (no labels) for benchmarks at real image sizes."""
     if count < 1 or image_size < 8:
         raise ValueError("synthetic images need --count >= 1 and --image-size >= 8")
-    images = [
-        SourceImage(origin=f"synthetic[{index}]", label=NO_LABEL, read=partial(_synthetic_png, seed, index, image_size))
-        for index in range(count)
-    ]
-    return Source(name=f"synthetic:{count}x{image_size}", images=images, class_names=None)
+    return Source(name=f"synthetic:{count}x{image_size}", images=SyntheticImages(count, image_size, seed),
+                  class_names=None)
 
 
 # --- as `instcls make-shards --source digits | digit-scenes | synthetic` -------------------------

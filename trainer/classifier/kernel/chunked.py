@@ -53,6 +53,11 @@ class KernelSettings:
     # The weight's rows are sampled afresh each step (PIC's working rows), so the number of rows
     # changes from step to step: a fused term pads its chunks to a few sizes rather than recompile.
     rows_vary: bool = False
+    # With rows_vary: the most rows any rank of the group scores in any step.  The fused kernels'
+    # autotune key is taken from it rather than from the step's rows, so every step on every rank
+    # uses the config tuned at the first step (a new key re-tunes for seconds on the one rank that
+    # meets it, while the others wait in the next collective).
+    rows_bound: int | None = None
     # "auto": the fused Triton kernels (``fused``) for CUDA tensors without a term, the chunked
     # loop otherwise; "chunked" or "fused" force one (fused on CPU tensors needs TRITON_INTERPRET=1).
     implementation: str = "auto"
@@ -61,6 +66,8 @@ class KernelSettings:
         if not 1.0 / MAX_ABS_LOGIT <= self.temperature:
             raise ValueError(f"temperature={self.temperature}: the kernel needs tau >= {1 / MAX_ABS_LOGIT} "
                              f"(cosine logits up to 1/tau are exponentiated without a running max)")
+        if self.rows_bound is not None and self.rows_bound < 1:
+            raise ValueError(f"rows_bound={self.rows_bound} must be >= 1 (the most rows a rank scores) or None")
         if self.chunk_size < 1 or self.logits_cache_bytes < 0:
             raise ValueError(f"chunk_size={self.chunk_size} must be >= 1, logits_cache_bytes="
                              f"{self.logits_cache_bytes} >= 0")

@@ -44,12 +44,19 @@ def padded_dim(dim: int) -> int:
     return max(16, 1 << (dim - 1).bit_length())
 
 
+def autotune_rows_key(rows: int, rows_bound: int | None = None) -> int:
+    """The rows part of the fused kernels' autotune key: the power of two at or above ``rows``, or
+    at or above ``rows_bound`` when one is given (``KernelSettings.rows_bound``), so that row counts
+    which change by step and by rank all share one key, tuned once."""
+    return 1 << (max(rows, rows_bound or 0, 1) - 1).bit_length()
+
+
 class _Rows:
     """The scored rows as the kernels take them, with ``1/|w|`` of each (the kernels normalise in
     registers; the norms cost one read of the rows)."""
 
-    def __init__(self, weight: torch.Tensor, scored: ScoredRows) -> None:
-        self.scored = scored
+    def __init__(self, weight: torch.Tensor, scored: ScoredRows, rows_bound: int | None) -> None:
+        self.scored, self.rows_bound = scored, rows_bound
         # The kernels read rows through raw pointers: the index vector must be dense (a [::2] view is not)
         self.indices = None if scored.indices is None else scored.indices.contiguous()
         self.offset, self.count = scored.offset, scored.count
@@ -94,11 +101,11 @@ class FusedShardedCosineCE(torch.autograd.Function):
         weight = weight.detach()
         if weight.stride(1) != 1:
             raise ValueError("the fused kernels read W's rows as contiguous vectors: W must have stride 1 in D")
-        rows = _Rows(weight, scored)
+        rows = _Rows(weight, scored, settings.rows_bound if settings.rows_vary else None)
         batch = scaled.shape[0]
         partial = torch.empty(fused_splits(batch, scaled), batch, device=scaled.device)
         torch.ops.instcls.cosine_sum_exp(scaled, weight, rows.indices, rows.offset, rows.count, rows.inv_norm,
-                                         weight_scale, partial)
+                                         weight_scale, partial, autotune_rows_key(rows.count, rows.rows_bound))
         sum_exp = partial.sum(dim=0)
         target_logits = _target_logits_base2(scaled, weight, rows, target_cols, weight_scale) / LOG2_E
         targets = Targets(target_logits, target_cols >= 0, target_weights.float())
@@ -136,7 +143,8 @@ def _softmax_grad_features(scaled, weight, rows: _Rows, coef, shift, weight_scal
     batch, dim = scaled.shape
     partial = torch.empty(fused_splits(batch, scaled), batch, padded_dim(dim), device=scaled.device)
     torch.ops.instcls.cosine_grad_features(scaled, weight, rows.indices, rows.offset, rows.count, rows.inv_norm,
-                                           weight_scale, coef, shift, partial)
+                                           weight_scale, coef, shift, partial,
+                                           autotune_rows_key(rows.count, rows.rows_bound))
     return partial[:, :, :dim].sum(dim=0)
 
 
@@ -160,6 +168,7 @@ def _subtract_targets(scaled, weight, rows: _Rows, target_cols, target_grad, fea
         if grad_weight is not None:
             grads = _target_row_grads(x, hat, rows.inv_norm[positions], values, temperature)
             add_rows(grad_weight, rows.local_rows(positions).reshape(-1), grads.reshape(-1, grads.shape[-1]))
+            del grads  # else it lives on beside the next group's temporaries: a fourth [B, 8, D] at the peak
 
 
 def _grad_weight(scaled, weight, rows: _Rows, target_cols, target_grad, coef, shift, settings, feature_scale: float,
@@ -170,6 +179,7 @@ def _grad_weight(scaled, weight, rows: _Rows, target_cols, target_grad, coef, sh
     grad_scale = 1.0 / (feature_scale * settings.temperature)
     grad_weight = None if update is not None else scored.gradient_for(weight)
     buffer = None
+    chunk_bound = None if rows.rows_bound is None else min(settings.chunk_size, rows.rows_bound)
     for start, end in scored.chunks(settings.chunk_size):
         direct = update is None and scored.indices is None
         if direct:  # a window's rows are written in place by the kernel
@@ -180,7 +190,8 @@ def _grad_weight(scaled, weight, rows: _Rows, target_cols, target_grad, coef, sh
                                      device=weight.device)
             out = buffer[: end - start]
         torch.ops.instcls.cosine_grad_rows(scaled, weight, rows.indices, rows.offset, start, end, rows.inv_norm,
-                                           weight_scale, coef, shift, grad_scale, out)
+                                           weight_scale, coef, shift, grad_scale, out,
+                                           autotune_rows_key(end - start, chunk_bound))
         if update is not None:
             _add_targets_in_chunk(buffer, start, end, scaled, weight, rows, target_cols, target_grad,
                                   feature_scale, settings.temperature)
@@ -202,3 +213,4 @@ def _add_targets_in_chunk(buffer, start: int, end: int, scaled, weight, rows: _R
         grads = _target_row_grads(x, rows.hat(weight, positions), rows.inv_norm[positions], values, temperature)
         slots = torch.where(inside, positions - start, sink)
         add_rows(buffer, slots.reshape(-1), grads.reshape(-1, grads.shape[-1]))
+        del grads  # not held beside the next column group's temporaries

@@ -56,7 +56,8 @@ _SUM_EXP_CONFIGS = _configs((128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), 
 _GRAD_FEATURES_CONFIGS = _configs((128, 32, 8, 2), (128, 64, 8, 2), (128, 64, 8, 3), (64, 32, 4, 3), (64, 64, 4, 2))
 _GRAD_ROWS_CONFIGS = _configs((128, 32, 8, 2), (128, 64, 8, 2), (128, 64, 8, 3), (64, 32, 4, 3))
 # Tuned once per feature width, operand type, row-subset kind and power-of-two sizes of the batch and
-# the rows (a step's shapes repeat; PIC's varying row counts fall into few buckets).
+# the rows (a step's shapes repeat; where the rows vary by step, as PIC's sampled rows do, the caller
+# passes one rows key for the whole run: ``fused.autotune_rows_key``).
 _KEY = ["D", "HAS_ROWS", "DOT", "batch_bucket", "rows_bucket"]
 
 
@@ -202,9 +203,10 @@ def _launch(kernel, grid, *args, **kwargs) -> None:
                                                        num_stages=config.num_stages, **meta)
 
 
-def _buckets(batch: int, rows: int) -> tuple[int, int]:
-    """The autotuner's size keys: powers of two at or above the batch and the rows."""
-    return triton.next_power_of_2(batch), triton.next_power_of_2(max(rows, 1))
+def _buckets(batch: int, rows: int, rows_key: int) -> tuple[int, int]:
+    """The autotuner's size keys: powers of two at or above the batch and the rows, or the caller's
+    ``rows_key`` when it gives one."""
+    return triton.next_power_of_2(batch), rows_key or triton.next_power_of_2(max(rows, 1))
 
 
 def _feature_blocks(batch: int, splits: int):
@@ -215,33 +217,35 @@ def _row_args(rows: torch.Tensor | None, inv_norm: torch.Tensor) -> tuple[torch.
     return (rows if rows is not None else inv_norm), rows is not None  # any pointer when unused
 
 
-def sum_exp(features, weight, rows, offset: int, count: int, inv_norm, weight_scale: float, partial) -> None:
+def sum_exp(features, weight, rows, offset: int, count: int, inv_norm, weight_scale: float, partial,
+            rows_key: int = 0) -> None:
     """``partial[s, b]``: split ``s``'s share of ``sum_j exp2(s_bj)``."""
     batch, dim = features.shape
     splits = partial.shape[0]
     rows_ptr, has_rows = _row_args(rows, inv_norm)
     _launch(_sum_exp_kernel, _feature_blocks(batch, splits), features, weight, rows_ptr, inv_norm, partial, batch,
-            dim, count, offset, features.stride(0), weight.stride(0), weight_scale, *_buckets(batch, count),
+            dim, count, offset, features.stride(0), weight.stride(0), weight_scale, *_buckets(batch, count, rows_key),
             HAS_ROWS=has_rows, DOT=_dot_mode(features), SPLITS=splits, BLOCK_D=block_d(dim))
 
 
 def grad_features(features, weight, rows, offset: int, count: int, inv_norm, weight_scale: float, coef, shift,
-                  partial) -> None:
+                  partial, rows_key: int = 0) -> None:
     """``partial[s, b, :]``: split ``s``'s share of ``sum_j coef_b exp2(s_bj - shift_b) w_hat_j``."""
     batch, dim = features.shape
     splits = partial.shape[0]
     rows_ptr, has_rows = _row_args(rows, inv_norm)
     _launch(_grad_features_kernel, _feature_blocks(batch, splits), features, weight, rows_ptr, inv_norm, coef,
             shift, partial, batch, dim, count, offset, features.stride(0), weight.stride(0), weight_scale,
-            *_buckets(batch, count), HAS_ROWS=has_rows, DOT=_dot_mode(features), SPLITS=splits, BLOCK_D=block_d(dim))
+            *_buckets(batch, count, rows_key), HAS_ROWS=has_rows, DOT=_dot_mode(features), SPLITS=splits,
+            BLOCK_D=block_d(dim))
 
 
 def grad_rows(features, weight, rows, offset: int, start: int, end: int, inv_norm, weight_scale: float, coef, shift,
-              grad_scale: float, out) -> None:
+              grad_scale: float, out, rows_key: int = 0) -> None:
     """``out[i]``: the gradient of the unnormalised row at scored position ``start + i`` (softmax part)."""
     batch, dim = features.shape
     rows_ptr, has_rows = _row_args(rows, inv_norm)
     grid = lambda meta: (triton.cdiv(end - start, meta["BLOCK_N"]),)  # noqa: E731
     _launch(_grad_rows_kernel, grid, features, weight, rows_ptr, inv_norm, coef, shift, out, batch, dim, start, end,
             offset, features.stride(0), weight.stride(0), out.stride(0), weight_scale, grad_scale,
-            *_buckets(batch, end - start), HAS_ROWS=has_rows, DOT=_dot_mode(features), BLOCK_D=block_d(dim))
+            *_buckets(batch, end - start, rows_key), HAS_ROWS=has_rows, DOT=_dot_mode(features), BLOCK_D=block_d(dim))

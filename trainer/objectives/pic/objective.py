@@ -29,6 +29,7 @@ import torch
 from data_pipeline.contract import StepIndices, to_device
 from trainer.classifier.classifier_config import HeadSettings
 from trainer.classifier.head import CosineHead
+from trainer.classifier.kernel.chunked import KernelSettings
 from trainer.classifier.sharded_classifier import gaussian_rows
 from trainer.classifier.sharding import ClassShard
 from trainer.objectives.base import LossOut, Objective, ObjectiveConfig, ObjectiveContext, ShardedRows, StepViews
@@ -83,6 +84,12 @@ class PicConfig(HeadSettings, ObjectiveConfig):
         ]
 
 
+def kernel_settings(config: PicConfig, num_instances: int, classifier_ranks: int) -> KernelSettings:
+    """The head's kernel settings: the sampled rows a rank scores change every step, and are never
+    more than the largest shard of the ``num_instances`` rows over ``classifier_ranks``."""
+    return replace(config.kernel_settings(), rows_vary=True, rows_bound=-(-num_instances // classifier_ranks))
+
+
 @dataclass
 class _Prefetch:
     """The next step's new store rows, being read in the background."""
@@ -120,7 +127,7 @@ class PicObjective(Objective):
         self.comm_timer = CommTimer()
         # Backbone gradients are averaged over all ranks; a rank's features feed the whole group.
         self.head = CosineHead(
-            replace(config.kernel_settings(), rows_vary=True),  # the sampled rows per rank change every step
+            kernel_settings(config, n, dims.classifier_parallel_size),
             self.group,
             dims.classifier_parallel_size,
             config.term(context.views),
