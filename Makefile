@@ -25,8 +25,12 @@ prometheus:
 
 # The default suite (what CI runs): every capability, multi-rank (gloo) cases included; the cases
 # marked slow repeat a capability at a heavier size and run only in `make test-all`.
+# Tests run in TEST_WORKERS processes (pytest-xdist): a 2-rank test leaves a core idle while its ranks
+# start, rendezvous and wait, which another test's ranks use.  Tests that share the drills' session
+# inputs run in one worker (xdist_group), which builds them once.
+TEST_WORKERS ?= 3
 test: $(INSTALLED) prometheus lint
-	$(BIN)/python -m pytest -m "not slow" --durations=15
+	$(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 # The edit loop's tier (under 3 minutes on 2 cores): lint, then every test not marked integration (ranks,
 # trainings, commands end to end), slow or gpu; no service is installed.
@@ -39,7 +43,7 @@ lint: $(INSTALLED)
 
 # Every test, the slow repeats included.
 test-all: $(INSTALLED) prometheus
-	$(BIN)/python -m pytest --durations=15
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 # On a GPU node: the tests marked gpu (CI skips them), with the devices left visible.
 test-gpu: $(INSTALLED)

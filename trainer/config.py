@@ -21,6 +21,7 @@ from trainer.config_building import ConfigError, apply_overrides, build_dataclas
 from trainer.models import ModelConfig
 from trainer.objectives import ObjectiveConfig, default_objective_config
 from trainer.observability.tensorboard_scalars import tensorboard_missing
+from trainer.optim import OPTIMIZERS, OptimizerSettings, optimizer_names
 from trainer.parallel.device_choice import DEVICE_CHOICES
 
 __all__ = ["ConfigError", "JobConfig", "apply_overrides", "load_job_config"]
@@ -79,7 +80,27 @@ class OptimSection:
         batch (paper: 0.48 at 4096).
     base_batch: the batch size ``base_lr`` refers to.
     warmup_epochs: linear warm-up length, then cosine decay to ``min_lr_ratio * lr``.
-    momentum, weight_decay: SGD settings of both the backbone and the classifier (0.9, 1e-4).
+    name: the backbone's optimizer (``trainer.optim``): "sgd" (default; One-Million-Way, PIC),
+        "lars" (SwAV: LARC's scaling form around SGD with momentum, exact under every ZeRO stage)
+        or "adamw" (ViTs).  The objective's own parameters (classifier rows) keep SGD, except
+        SwAV's prototypes, which its code steps with the backbone's optimizer.
+    momentum, weight_decay: SGD's (and LARS's) momentum and the weight decay, of the backbone and
+        the objective's optimizers (0.9, 1e-4).
+    exclude_from_decay: put norms (BatchNorm/LayerNorm weights), biases, position embeddings and
+        class tokens in a group without weight decay that LARS does not adapt either (the
+        SimCLR/BYOL convention); null (default): the optimizer's convention (sgd: false, lars
+        and adamw: true).  SwAV's code excludes nothing: its config sets false.
+    betas, eps: AdamW's moment decays (0.9, 0.999) and denominator guard (1e-8); ``eps`` is also
+        the guard of LARS's trust ratio.
+    trust_coefficient: LARS's trust coefficient (0.001, SwAV's).
+    weight_decay_end: when set, the decayed group's weight decay follows a cosine from
+        ``weight_decay`` to this value over the training (DINO's ViT recipe: 0.04 to 0.4);
+        null: constant.
+    clip_grad_norm: clip the backbone's gradient to this global L2 norm before each step (ViT
+        recipes: 1.0 or 3.0); 0 (default): no clipping.  DeepSpeed does it (its
+        ``gradient_clipping``), from the gradient norm it computes each step: a DeepSpeed config
+        with ``zero_optimization.compute_grad_norm: false`` is refused with clipping on.  The
+        objective's own parameters are not clipped.
     on_nonfinite: what a NaN or inf loss on any rank does.  "stop" (default): found at no cost on
         the device, the run stops at the next log step or save with the last good checkpoint
         named.  "skip_step": the step's update is dropped on every rank (weights, momentum, the
@@ -99,6 +120,13 @@ class OptimSection:
     weight_decay: float = 1e-4
     on_nonfinite: str = "stop"
     max_skipped_in_a_row: int = 10
+    name: str = "sgd"
+    exclude_from_decay: bool | None = None
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    trust_coefficient: float = 0.001
+    weight_decay_end: float | None = None
+    clip_grad_norm: float = 0.0
 
     def __post_init__(self) -> None:
         checks = [
@@ -111,10 +139,30 @@ class OptimSection:
             (self.weight_decay >= 0, "weight_decay", "use a non-negative weight decay"),
             (self.on_nonfinite in ("stop", "skip_step"), "on_nonfinite", "use 'stop' or 'skip_step'"),
             (self.max_skipped_in_a_row >= 1, "max_skipped_in_a_row", "allow at least 1 skipped step in a row"),
+            (self.name in optimizer_names(), "name", f"choose one of {', '.join(optimizer_names())}"),
+            (self.exclude_from_decay in (None, True, False), "exclude_from_decay",
+             "use true, false or null (the optimizer's convention)"),
+            (all(0 <= beta < 1 for beta in self.betas), "betas", "use two decays in [0, 1), e.g. [0.9, 0.999]"),
+            (self.eps > 0, "eps", "use a small positive guard, e.g. 1e-8"),
+            (self.trust_coefficient > 0, "trust_coefficient", "use a positive coefficient (SwAV: 0.001)"),
+            (self.weight_decay_end is None or self.weight_decay_end >= 0, "weight_decay_end",
+             "use a non-negative weight decay, or null to keep weight_decay constant"),
+            (self.clip_grad_norm >= 0, "clip_grad_norm", "use a positive norm to clip to, or 0 for no clipping"),
         ]
         for ok, name, fix in checks:
             if not ok:
                 raise ConfigError(f"optim.{name}={getattr(self, name)!r} is invalid: {fix}")
+        for name in ("betas", "eps", "trust_coefficient"):  # another optimizer's setting, changed, is a mistake
+            readers = [spec.name for spec in OPTIMIZERS.values() if name in spec.reads]
+            if getattr(self, name) != getattr(OptimSection, name) and self.name not in readers:
+                raise ConfigError(f"optim.{name}={getattr(self, name)!r} is set, but optim.name={self.name!r} does not "
+                                  f"read it (only {', '.join(readers)} does): remove it or choose that optimizer")
+
+    def optimizer_settings(self) -> OptimizerSettings:
+        """The backbone optimizer's settings (``trainer.optim``)."""
+        return OptimizerSettings(name=self.name, momentum=self.momentum, weight_decay=self.weight_decay,
+                                 betas=self.betas, eps=self.eps, trust_coefficient=self.trust_coefficient,
+                                 exclude_from_decay=self.exclude_from_decay)
 
 
 @dataclass(frozen=True)

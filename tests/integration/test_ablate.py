@@ -26,6 +26,7 @@ def ablate(digits_split, work_dir, doc, *extra):
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, env=job_env())
 
 
+@pytest.mark.slow  # default suite: the verdicts and the document from recorded results (tests/unit/test_ablations.py)
 def test_ablate_trains_each_variant_and_writes_what_it_measured(digits_split, tmp_path):
     doc = tmp_path / "docs" / "ablations.md"
     first = ablate(digits_split, tmp_path / "runs", doc)

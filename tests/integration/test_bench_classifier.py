@@ -78,6 +78,7 @@ def test_bench_rejects_a_batch_that_does_not_split_evenly(capsys):
     assert "--batch 33 must be divisible by --ranks 2" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # default suite: the classifier bench's runs above
 def test_co2_bench_times_both_losses_and_counts_the_same_collectives(tmp_path, capsys):
     out = tmp_path / "co2.json"
     args = f"bench classifier --co2 --num-classes 20000 --batch 64 --dim {D} --ranks {T} --chunk-size 1000 --steps 2"

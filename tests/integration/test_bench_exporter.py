@@ -9,6 +9,7 @@ from trainer.cli import main
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow  # default suite: the exporter's bounded rate (tests/unit/test_exporter.py)
 def test_bench_exporter_reports_each_round_and_the_cost(tmp_path, capsys):
     out = tmp_path / "exporter.json"
     assert main(["bench", "exporter", "--seconds", "1", "--rounds", "2", "--scrapers", "4", "--json", str(out)]) == 0

@@ -8,6 +8,7 @@ from trainer.bench.pic_bench import MIB, PicBenchSettings, format_report, run
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow  # default suite: PIC's step and store in test_pic_multirank.py and test_pic_training.py
 def test_bench_pic_reports_flat_memory_next_to_the_full_softmax(tmp_path):
     settings = PicBenchSettings(sizes=("4000", "600000"), batch=16, queue=512, steps=2, warmup=1, cap_gib=0.2,
                                 full_max_classes=4000, store_dir=str(tmp_path / "stores"))

@@ -44,7 +44,8 @@ def _one_step(stage: int, result_file: str) -> None:
 SLOW = pytest.mark.slow
 
 
-@pytest.mark.parametrize("stage", [pytest.param(0, marks=SLOW), 1, 2, pytest.param(3, marks=SLOW)])
+@pytest.mark.parametrize("stage", [pytest.param(0, marks=SLOW), pytest.param(1, marks=SLOW), 2,
+                                   pytest.param(3, marks=SLOW)])
 def test_gradients_are_averaged_in_fp32(stage, tmp_path):
     result = tmp_path / "master.txt"
     spawn_local_workers(_one_step, 2, stage, str(result))

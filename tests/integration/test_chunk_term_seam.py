@@ -132,6 +132,7 @@ def _steps(run_dir) -> list[dict]:
     return [entry for entry in map(json.loads, lines) if entry["event"] == "step"]
 
 
+@pytest.mark.slow  # default suite: the toy term against float64 below; the trainer's seam: test_objective_seam.py
 def test_a_toy_term_trains_through_the_real_trainer(digits_split, tmp_path):
     spawn_local_workers(_train, 2, str(tmp_path / "toy"), digits_split, "toy_term_instance")
     spawn_local_workers(_train, 2, str(tmp_path / "plain"), digits_split, "instance")

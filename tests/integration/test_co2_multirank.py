@@ -253,5 +253,6 @@ def _check_pic_step():
     torch.testing.assert_close(leaf_grad.double(), rows.grad[torch.from_numpy(owned)], atol=2e-5, rtol=1e-5, msg=label)
 
 
+@pytest.mark.slow  # default suite: the term on 2 ranks above; PIC with CO2 in the dry run
 def test_pic_term_runs_over_the_sampled_rows():
     spawn_local_workers(_check_pic_step, 2)

@@ -77,7 +77,7 @@ def _check_against_reference(classifier_parallel_size):
         )
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [pytest.param(2, marks=pytest.mark.slow), 3])
 def test_matches_reference_on_uneven_shards(world_size):
     spawn_local_workers(_check_against_reference, world_size, None)
 
@@ -184,6 +184,6 @@ def _in_backward_sgd_matches_torch_sgd():
                                sgd.state[plain.weight]["momentum_buffer"], atol=1e-6, rtol=1e-6)
 
 
-@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("world_size", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_sgd_inside_the_backward_equals_torch_sgd(world_size):
     spawn_local_workers(_in_backward_sgd_matches_torch_sgd, world_size)

@@ -105,7 +105,7 @@ def deepspeed_gathered(engine):
     return deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None)
 
 
-@pytest.mark.parametrize("stage", [0, 2])
+@pytest.mark.parametrize("stage", [pytest.param(0, marks=pytest.mark.slow), 2])
 def test_deepspeed_gradient_average_gives_the_global_batch_gradient(stage):
     spawn_local_workers(_one_step_matches_single_process, 2, f"ds_configs/zero{stage}.json")
 

@@ -50,7 +50,9 @@ def test_single_rank_search_matches_brute_force(monkeypatch, use_faiss):
     _check((5, 11), use_faiss)
 
 
-@pytest.mark.parametrize("world_size,chunks,use_faiss", [(2, (4, 9), True), (2, (4, 9), False), (3, (100, 100), None)])
+@pytest.mark.parametrize("world_size,chunks,use_faiss", [pytest.param(2, (4, 9), True, marks=pytest.mark.slow),
+                                                      pytest.param(2, (4, 9), False, marks=pytest.mark.slow),
+                                                      (3, (100, 100), None)])
 def test_sharded_search_matches_brute_force(world_size, chunks, use_faiss):
     spawn_local_workers(_check, world_size, chunks, use_faiss)
 

@@ -116,7 +116,8 @@ def _check_one_sampled_step(negatives: str):
     torch.testing.assert_close(leaf_grad.double(), weight.grad[torch.from_numpy(owned)], rtol=0, atol=1e-6, msg=label)
 
 
-@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow), 3])  # 3: uneven shards
+@pytest.mark.parametrize("ranks", [pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow),
+                                   3])  # 3: uneven shards
 def test_sampled_step_equals_cross_entropy_on_the_sampled_columns(ranks):
     spawn_local_workers(_check_one_sampled_step, ranks, "recent")
 
@@ -171,7 +172,7 @@ def _check_padded_step(co2_alpha: float):
                                    msg=label)
 
 
-@pytest.mark.parametrize("co2_alpha", [0.0, 0.3])
+@pytest.mark.parametrize("co2_alpha", [0.0, pytest.param(0.3, marks=pytest.mark.slow)])
 def test_padding_repeats_without_a_sampled_row_add_nothing(co2_alpha):
     spawn_local_workers(_check_padded_step, 2, co2_alpha)
 

@@ -21,8 +21,10 @@ def predicted_bytes(mode: str, cache_bytes: int) -> int:
     return sum(value for name, value in predict(plan).items() if not (device == "gpu" and name.startswith("buffers")))
 
 
-@pytest.mark.parametrize("cache_bytes", [0, CACHE_BYTES], ids=["recompute", "cache"])
-@pytest.mark.parametrize("mode", ["dhp", "ddp"])
+@pytest.mark.parametrize("mode, cache_bytes", [("dhp", 0), ("ddp", CACHE_BYTES),
+                                               pytest.param("dhp", CACHE_BYTES, marks=pytest.mark.slow),
+                                               pytest.param("ddp", 0, marks=pytest.mark.slow)],
+                         ids=["dhp-recompute", "ddp-cache", "dhp-cache", "ddp-recompute"])
 def test_plan_predicts_the_measured_peak_within_15_percent(mode, cache_bytes):
     settings = SweepSettings(ranks=2, batch=BATCH, dim=DIM, chunk_size=CHUNK, logits_cache_bytes=cache_bytes,
                              cap_gib=4.0)

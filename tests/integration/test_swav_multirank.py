@@ -69,7 +69,7 @@ def _check_sinkhorn():
     torch.testing.assert_close(codes.sum(dim=1), torch.ones(codes.shape[0]), rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("ranks", [pytest.param(2, marks=pytest.mark.slow), 3])
 def test_distributed_sinkhorn_equals_the_single_process_reference(ranks):
     spawn_local_workers(_check_sinkhorn, ranks)
 

@@ -213,6 +213,7 @@ def test_training_learns_and_beats_random_init_knn(digits_split, tmp_path):
     assert final["knn_trained"] > final["knn_random_init"], final
 
 
+@pytest.mark.slow  # default suite: a non-finite run stops with its message in test_skip_nonfinite.py
 def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(digits_split, tmp_path):
     """Under `instcls launch`, the container's entry point, the job exits with the permanent code of a
     poisoned model (torchrun alone would say 1, as for any crash): Kubernetes must not retry it."""
@@ -294,6 +295,7 @@ def _eval_on_two_ranks(name, digits_split, out_dir) -> tuple[tuple[float, str], 
     return _printed(result.stdout, name), torch.load(out, weights_only=True)
 
 
+@pytest.mark.slow  # default suite: `instcls eval` scores PIC's checkpoint in test_pic_training.py
 def test_eval_scores_a_checkpoint_exactly_as_the_trainer_did(evaluated_run, digits_split, tmp_path, capsys):
     """One network, one score.  The ranks' BatchNorm running statistics drift apart; before each save
     and evaluation the trainer averages them into the network that model.pt holds and every rank

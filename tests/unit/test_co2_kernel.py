@@ -132,7 +132,8 @@ def _term_and_grads(compiled: bool, kernel_temperature: float, views: list[str],
     return loss, term, features.grad, weight.grad
 
 
-@pytest.mark.parametrize("kernel_temperature", [0.15, 0.12])  # tau / tau_con = 3 (the power path), 2.4 (exp2)
+# tau / tau_con = 3 (the power path), 2.4 (exp2)
+@pytest.mark.parametrize("kernel_temperature", [0.15, pytest.param(0.12, marks=pytest.mark.slow)])
 @pytest.mark.integration
 def test_compiled_chunk_math_equals_the_same_code_run_eagerly(kernel_temperature, capsys):
     from trainer.classifier.terms import co2_math as consistency_math
@@ -223,12 +224,12 @@ def _vector_widths_here() -> list[int]:
 
 # Layouts of the chunk math: two to four global views, small crops, several ranks, powers 2-4 and the
 # second exp2, and local batches that leave partial vectors.
-# Each layout compiles two functions per width (~10 s cold), so `make test` runs one of them.
+# Each layout compiles two functions per width (~10 s cold): they run in `make test-all`.
 LAYOUTS = [
     pytest.param(0.15, 2, 2, 2, 16, marks=pytest.mark.slow),  # tau / tau_con = 3: exp(s) = exp(z) ** 3
     pytest.param(0.2, 2, 2, 3, 9, marks=pytest.mark.slow),  # power 4, a partial vector per rank
     pytest.param(0.12, 3, 2, 1, 5, marks=pytest.mark.slow),  # tau / tau_con = 2.4: a second exp2; a small crop
-    (0.15, 4, 3, 2, 11),  # three global views (three pairs) and a small crop
+    pytest.param(0.15, 4, 3, 2, 11, marks=pytest.mark.slow),  # three global views (three pairs) and a small crop
     pytest.param(0.1, 4, 4, 1, 8, marks=pytest.mark.slow),  # four global views (six pairs), power 2
 ]
 

@@ -41,8 +41,8 @@ def _config(name: str, *overrides: str):
     # PIC with CO2: the sampled rows per rank change every step; the chunk shapes are
     # bucketed, so the fused term compiles in few steps, not in each (its queue is far from full: no
     # memory comparison with the planner, which counts a full one)
-    ("pic_in1k_r50.yaml", ["objective.co2_alpha=0.3", "data.loader.sampler.window_size=0",
-                           "data.loader.sampler.stride=0"], 1281167, 0, 8, False),
+    pytest.param("pic_in1k_r50.yaml", ["objective.co2_alpha=0.3", "data.loader.sampler.window_size=0",
+                                       "data.loader.sampler.stride=0"], 1281167, 0, 8, False, marks=pytest.mark.slow),
 ])
 @pytest.mark.integration
 def test_each_objective_runs_on_fake_cuda_with_nothing_found(name, overrides, n, epoch, steps, like_plan):

@@ -20,6 +20,7 @@ SWEEP = FakeSweep(ranks=4, batch=64, dim=16, chunk_size=16384, growth=1.5, resol
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # default suite: the same comparison under a real memory cap (test_ddp_vs_dhp.py)
 def test_the_boundary_fits_and_a_little_more_does_not_and_dhp_fits_more_than_ddp():
     cap = _rest_of_the_rank(_job(SWEEP, "ddp"), SWEEP) + 32 * 2**20  # the backbone's share plus 32 MiB
     found, planned_n = {}, {}

@@ -17,9 +17,11 @@ from trainer.classifier.kernel.chunked import KernelSettings
 # Not imported from the checks' module: importing it sets TRITON_INTERPRET in this process.
 CHECKS = ("every_case_on_one_rank", "padding_and_negative_weights", "in_backward_sgd", "deterministic_repeats",
           "two_gloo_ranks", "ops_trace_under_compile")
+DEFAULT_RUN = {"every_case_on_one_rank", "two_gloo_ranks"}  # each other check runs in `make test-all`
 
 
-@pytest.mark.parametrize("check", CHECKS)
+@pytest.mark.parametrize("check", [check if check in DEFAULT_RUN else pytest.param(check, marks=pytest.mark.slow)
+                                   for check in CHECKS])
 @pytest.mark.integration
 def test_the_fused_kernels_match_the_float64_reference(check):
     result = subprocess.run([sys.executable, "-m", "tests.helpers.fused_kernel_checks", check], cwd=REPO,

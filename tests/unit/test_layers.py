@@ -3,7 +3,7 @@ layer or below, nothing forms an import cycle (lazy imports inside functions cou
 cycle, they do not remove it), and the library layers of the trainer reach the data pipeline only
 through its contract module.  A failure names the offending import.
 
-    foundation < parallel < data < observability < models < classifier < objectives < config
+    foundation < parallel < optim < data < observability < models < classifier < objectives < config
                < checkpoint < evaluation < engine < tools < cli < api
 
 The package ``trainer`` itself (its ``__init__``: ``trainer.train``, ``Trainer``, ``load_job_config``,
@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("trainer.exit_codes", "trainer.checks", "trainer.failpoints", "trainer.version",
                     "ds_configs")),
     ("parallel", ("trainer.parallel",)),
+    ("optim", ("trainer.optim",)),  # the backbone's optimizers: the config validates names, the engine builds
     ("data", ("data_pipeline",)),
     ("observability", ("trainer.observability",)),
     ("models", ("trainer.models",)),

@@ -105,7 +105,7 @@ def test_pic_rows_off_the_device_make_device_memory_independent_of_n():
     assert plan_modes(large, 16 * GIB)["pic"]["largest_classes"] is None  # any N fits
 
 
-@pytest.mark.parametrize("cached", [False, True])
+@pytest.mark.parametrize("cached", [False, pytest.param(True, marks=pytest.mark.slow)])
 @pytest.mark.integration
 def test_co2_term_adds_no_workspace_buffers_and_plans_one_block(monkeypatch, cached):
     """Counts the chunk buffers the real kernel allocates with and without the term: the fused term

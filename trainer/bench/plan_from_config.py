@@ -39,6 +39,7 @@ def plan_input_from_config(config: JobConfig, ranks: int, num_classes: int | Non
         logits_cache_bytes=getattr(objective, "logits_cache_bytes", 0),
         momentum=config.optim.momentum > 0, update_in_backward=getattr(objective, "update_in_backward", False),
         backbone=config.model.arch, head_hidden_dim=config.model.head_hidden_dim,
+        img_size=config.model.img_size, patch_size=config.model.patch_size,
         image_size=max(loader.view_layout.sides), views=len(loader.view_layout.kinds),
         device="cpu" if config.parallel.device == "cpu" else "gpu",
         queue=getattr(objective, "queue_size", 65536), row_store=getattr(objective, "row_store", "host"),

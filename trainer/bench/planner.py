@@ -22,13 +22,13 @@ that background checkpoints keep (``checkpoint_host_copies``).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import lru_cache
 
 import torch
 
 from trainer.classifier.kernel.chunk_workspace import LogitsCache
 from trainer.classifier.kernel.chunked import KernelSettings
-from trainer.models import ModelConfig, build_model
+from trainer.models import ModelConfig
+from trainer.models.profile import model_profile
 
 GIB = 2**30
 CPU_BUFFERS = 8 * 2**20
@@ -52,9 +52,11 @@ class PlanInput:
     dtype: str = "float32"  # dtype of features / backbone compute
     momentum: bool = True
     update_in_backward: bool = False  # DHP: W's gradient never materialised
-    backbone: str | None = None
+    backbone: str | None = None  # model.arch: a name of the backbone registry (trainer.models.backbones)
     head_hidden_dim: int = 2048  # the MLP head's hidden width (model.head_hidden_dim)
     image_size: int = 224
+    img_size: int | None = None  # ViTs: model.img_size, the side their position grid is laid out for
+    patch_size: int | None = None  # ViTs: model.patch_size
     views: int = 2
     zero_stage: int = 0
     device: str = "gpu"  # "gpu" adds the CUDA context + NCCL buffers
@@ -179,31 +181,18 @@ def classifier_breakdown(plan: PlanInput) -> dict[str, int]:
     }
 
 
-@lru_cache(maxsize=32)
-def _backbone_profile(arch: str, image_size: int, head_hidden_dim: int = 2048, dim: int = 128) -> tuple[int, int]:
-    """``(parameters, activation bytes per image in fp32)`` from one forward on the meta device."""
-    with torch.device("meta"):
-        model = build_model(ModelConfig(arch=arch, head_hidden_dim=head_hidden_dim, feature_dim=dim))
-        images = torch.empty(2, 3, image_size, image_size)
-    parameter_ids = {id(p) for p in model.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(tensor):
-        base = tensor._base if tensor._base is not None else tensor
-        if id(tensor) not in parameter_ids and id(base) not in parameter_ids:  # weights are not activations
-            saved[id(tensor)] = tensor.numel() * tensor.element_size()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        output = model.train()(images)
-    del output
-    return sum(p.numel() for p in model.parameters()), sum(saved.values()) // 2
+def _backbone_profile(plan: PlanInput) -> tuple[int, int]:
+    """``(parameters, activation bytes per image in fp32)`` of the network (trunk and head), from one
+    forward on the meta device (``trainer.models.profile``)."""
+    profile = model_profile(ModelConfig(arch=plan.backbone, head_hidden_dim=plan.head_hidden_dim, feature_dim=plan.dim,
+                                        img_size=plan.img_size, patch_size=plan.patch_size), plan.image_size)
+    return profile.parameters, profile.activation_bytes
 
 
 def backbone_breakdown(plan: PlanInput) -> dict[str, int]:
     if plan.backbone is None:
         return {}
-    parameters, activation_fp32 = _backbone_profile(plan.backbone, plan.image_size, plan.head_hidden_dim, plan.dim)
+    parameters, activation_fp32 = _backbone_profile(plan)
     half = plan.dtype != "float32"
     stage, ranks = plan.zero_stage, plan.ranks
     weights = parameters * (2 if half else 4) / (ranks if stage >= 3 else 1)
@@ -237,7 +226,7 @@ def checkpoint_host_copies(plan: PlanInput) -> dict[str, int]:
     copies = {"checkpoint copies: classifier rows": 0 if plan.mode == "pic" and plan.row_store != "device"
               else rows * row_bytes}
     if plan.backbone is not None:
-        parameters, _ = _backbone_profile(plan.backbone, plan.image_size, plan.head_hidden_dim, plan.dim)
+        parameters, _ = _backbone_profile(plan)
         half = plan.dtype != "float32"
         optimizer = parameters * ((4 if plan.momentum else 0) + (4 if half else 0))
         partition = plan.ranks if plan.zero_stage >= 1 else 1

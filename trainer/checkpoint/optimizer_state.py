@@ -13,25 +13,28 @@ full fp32 state from the partitions and write it back into any partitioning; the
 per parameter.  Saving consolidates every parameter's state into one file (like ``model.pt`` for
 the weights), loading puts it into this run's partitioning.
 
-Only tensor state with the parameter's shape moves (``momentum_buffer``, ``exp_avg``,
-``exp_avg_sq``); scalar counters such as Adam's ``step`` live in the optimizer's param groups
-under ZeRO and are not per parameter.
+Every key the optimizer keeps moves, whatever the optimizer (``trainer.optim`` or torch's):
+- state with the shape of what it is kept for (``momentum_buffer``, ``exp_avg``, ``exp_avg_sq``)
+  is per element, assembled whole and put back into any partitioning;
+- scalar state (AdamW's ``step``, which its bias correction reads) is per parameter.  Under ZeRO
+  the optimizer keeps one per flat partition, shared by every parameter with a piece in it, so each
+  parameter saves its partition's value and a load gives each partition the value of its
+  parameters (``trainer.optim.partitions.state_owners`` finds a parameter's partition).
+An optimizer with ``initial_state(tensor, group)`` creates its state through it before a load, so
+each key lands where that optimizer keeps it (AdamW's fused ``step`` on the device).
 """
 
 from __future__ import annotations
 
 import torch
 
+from trainer.optim import create_initial_state, optimizer_partitions, state_owners
 from trainer.parallel.deepspeed_import import (
     safe_get_full_fp32_param,
     safe_get_full_optimizer_state,
     safe_set_full_fp32_param,
     safe_set_full_optimizer_state,
 )
-
-# Per-parameter tensors of the torch optimizers a backbone may use, in a fixed order so that every
-# rank issues the same collectives.
-STATE_KEYS = ("momentum_buffer", "exp_avg", "exp_avg_sq")
 
 
 def _partitioned(parameter: torch.nn.Parameter) -> bool:
@@ -45,11 +48,23 @@ def _base_optimizer(engine) -> torch.optim.Optimizer:
     return getattr(optimizer, "optimizer", optimizer)
 
 
-def _keys_present(engine) -> list[str]:
-    """The state keys this optimizer has, the same on every rank (its type decides them)."""
-    base = _base_optimizer(engine)
-    present = {key for state in base.state.values() for key, value in state.items() if torch.is_tensor(value)}
-    return [key for key in STATE_KEYS if key in present]
+def _is_scalar(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) or (
+        torch.is_tensor(value) and value.dim() == 0)
+
+
+def state_keys(base: torch.optim.Optimizer) -> tuple[list[str], list[str]]:
+    """(per-element keys, scalar keys) of the state ``base`` keeps, sorted: the same on every rank
+    (the optimizer's type decides them), so every rank issues the same collectives.  A key is per
+    element where its value has the shape of the (non-scalar) tensor it is kept for."""
+    elements, scalars = set(), set()
+    for owner, state in base.state.items():
+        for key, value in state.items():
+            if torch.is_tensor(value) and owner.dim() > 0 and value.shape == owner.shape:
+                elements.add(key)
+            elif _is_scalar(value):
+                scalars.add(key)
+    return sorted(elements), sorted(scalars - elements)
 
 
 def fresh_host_copy(name: str, value: torch.Tensor) -> torch.Tensor:
@@ -57,21 +72,26 @@ def fresh_host_copy(name: str, value: torch.Tensor) -> torch.Tensor:
 
 
 def full_optimizer_state(engine, keep: bool = True, host_copy=fresh_host_copy) -> dict[str, dict[str, torch.Tensor]]:
-    """``{parameter name: {key: full fp32 state on the CPU}}``.  Collective under ZeRO: every rank
-    calls it (each parameter's partitions are gathered in turn); ranks with ``keep`` False take
-    part without copying the state to the CPU and get ``{}``.  ``host_copy(name, value)`` makes
-    each CPU copy (a fresh one by default)."""
-    keys = _keys_present(engine)
+    """``{parameter name: {key: full fp32 state on the CPU}}`` (scalar state as 0-dim tensors).
+    Collective under ZeRO: every rank calls it (each parameter's partitions are gathered in turn);
+    ranks with ``keep`` False take part without copying the state to the CPU and get ``{}``.
+    ``host_copy(name, value)`` makes each CPU copy of per-element state (a fresh one by default)."""
     base = _base_optimizer(engine)
+    element_keys, scalar_keys = state_keys(base)
+    owners = state_owners(engine.optimizer)
     state: dict[str, dict[str, torch.Tensor]] = {}
     for name, parameter in engine.module.named_parameters():
-        for key in keys:
+        owned = base.state.get(owners.get(parameter, parameter), {})
+        for key in element_keys:
             if _partitioned(parameter):
                 value = safe_get_full_optimizer_state(parameter, key)
             else:
-                value = base.state.get(parameter, {}).get(key)
+                value = owned.get(key)
             if value is not None and keep:
                 state.setdefault(name, {})[key] = host_copy(f"{name}/{key}", value)
+        for key in scalar_keys:
+            if key in owned and keep:
+                state.setdefault(name, {})[key] = torch.as_tensor(owned[key]).detach().to("cpu", copy=True)
     return state
 
 
@@ -90,52 +110,66 @@ def full_master_weights(engine, keep: bool = True, host_copy=fresh_host_copy) ->
     return weights
 
 
-# Where DeepSpeed keeps its flat fp32 partitions, whose optimizer state the parameters map into.
-_FLAT_PARTITIONS = ("single_partition_of_fp32_groups",  # ZeRO 1-2
-                    "fp32_partitioned_groups_flat",  # ZeRO 3
-                    "fp32_groups_flat_partition")  # the bf16 optimizer
-
-
-def _materialize(engine, keys: set[str]) -> None:
-    """Creates the (zero) state of a DeepSpeed optimizer that has not stepped yet.
+def _materialize(engine, element_keys: set[str]) -> None:
+    """Creates the (zero) state of an optimizer that has not stepped yet.
 
     Torch optimizers create their state at the first step and DeepSpeed maps parameters onto it
-    only then; the state to load must go in before that step, so it is created here and mapped."""
+    only then; the state to load must go in before that step, so it is created here (through the
+    optimizer's ``initial_state`` where it has one, else zeros for the per-element keys) and
+    mapped."""
     optimizer = engine.optimizer
-    for attribute in _FLAT_PARTITIONS:
-        partitions = getattr(optimizer, attribute, None)
-        if partitions:
-            break
-    else:
-        return  # stage 0 in fp32: the torch optimizer's state is per parameter
-    for partition in partitions:
-        state = optimizer.optimizer.state[partition]
-        for key in keys:
-            state.setdefault(key, torch.zeros_like(partition))
+    if not create_initial_state(optimizer):
+        partitions = optimizer_partitions(optimizer)
+        if not partitions:
+            return  # stage 0 in fp32 with a torch optimizer: the load sets each parameter's state
+        base = _base_optimizer(engine)
+        for partition in partitions:
+            state = base.state[partition.tensor]
+            for key in element_keys:
+                state.setdefault(key, torch.zeros_like(partition.tensor))
     link = getattr(optimizer, "_lazy_init_hp_params_optimizer_state", None)
     if link is not None:
         link()
 
 
+def _put(state: dict, key: str, value: torch.Tensor, like: torch.Tensor) -> None:
+    """``state[key] = value``, into the tensor (or number) the optimizer already keeps there."""
+    current = state.get(key)
+    if torch.is_tensor(current):
+        current.copy_(value)
+    elif isinstance(current, (int, float)) and not isinstance(current, bool):
+        state[key] = type(current)(value.item())
+    elif value.dim() == 0:
+        state[key] = value.clone()  # torch's own optimizers keep unfused scalars on the CPU
+    else:
+        state[key] = value.to(like.device, like.dtype).clone()
+
+
 def load_full_optimizer_state(engine, state: dict[str, dict[str, torch.Tensor]]) -> list[str]:
     """Puts ``state`` into this run's partitioning, before its first step; returns the parameter
     names it had no state for (they start from zero state, as on a first step)."""
-    _materialize(engine, {key for saved in state.values() for key in saved})
+    _materialize(engine, {key for saved in state.values() for key, value in saved.items() if value.dim() > 0})
     base = _base_optimizer(engine)
+    element_keys, scalar_keys = state_keys(base)
+    owners = state_owners(engine.optimizer)
     missing = []
     for name, parameter in engine.module.named_parameters():
         saved = state.get(name)
         if saved is None:
             missing.append(name)
             continue
+        owner = owners.get(parameter, parameter)
+        full_shape = tuple(_full_shape(parameter))
         for key, value in saved.items():
-            if tuple(value.shape) != tuple(_full_shape(parameter)):
+            if key in scalar_keys or (key not in element_keys and value.dim() == 0 and full_shape != ()):
+                pass
+            elif tuple(value.shape) != full_shape:
                 raise ValueError(f"optimizer state {key!r} of {name} has shape {tuple(value.shape)}, the parameter "
-                                 f"{tuple(_full_shape(parameter))}: the checkpoint is of another model")
-            if _partitioned(parameter):
+                                 f"{full_shape}: the checkpoint is of another model")
+            elif _partitioned(parameter):
                 _set_full(parameter, value.to(parameter.device), key)
             else:
-                base.state.setdefault(parameter, {})[key] = value.to(parameter.device, parameter.dtype).clone()
+                _put(base.state.setdefault(owner, {}), key, value, owner)
     return missing
 
 

@@ -6,8 +6,6 @@ import argparse
 import json
 from pathlib import Path
 
-BACKBONES = ["resnet10", "resnet18", "resnet34", "resnet50", "resnet101"]
-
 
 def _at_least(minimum: float, kind=int):
     """An argparse type: a number >= ``minimum``, refused with the flag's name otherwise."""
@@ -28,6 +26,7 @@ def _positive_float(text: str) -> float:
 
 def register(commands) -> None:
     from trainer.bench.step_runner import FLOAT_DTYPES
+    from trainer.models import backbone_names
 
     parser = commands.add_parser("plan", help="predict per-GPU memory of a job for DDP, DHP and PIC, and the largest N")
     parser.add_argument("--config", type=Path,
@@ -42,9 +41,11 @@ def register(commands) -> None:
     parser.add_argument("--logits-cache-gib", type=_at_least(0.0, float), default=0.0,
                         help="classifier.logits_cache_bytes in GiB: keep the logits for the backward if they fit")
     parser.add_argument("--dtype", default="float32", choices=FLOAT_DTYPES)
-    parser.add_argument("--backbone", default="resnet50", choices=[*BACKBONES, "none"],
+    parser.add_argument("--backbone", default="resnet50", choices=[*backbone_names(), "none"],
                         help="counted by default; 'none' plans the classifier alone")
     parser.add_argument("--image-size", type=_at_least(1), default=224)
+    parser.add_argument("--patch-size", type=_at_least(1),
+                        help="ViTs: model.patch_size (default: the name's); the ViT is laid out for --image-size")
     parser.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2, 3])
     parser.add_argument("--deepspeed-config", type=Path,
                         help="read the ZeRO stage, its bucket sizes and bf16 from this file (ds_configs/*.json)")
@@ -83,11 +84,15 @@ def _run_plan(args: argparse.Namespace) -> int:
     elif args.num_classes is None:
         raise SystemExit("instcls plan: give --num-classes N, or --config FILE to plan the job a config describes")
     else:
+        from trainer.models.backbones import get_backbone
+
+        takes_sizes = args.backbone != "none" and "img_size" in get_backbone(args.backbone).options
         plan = PlanInput(
             mode="dhp", num_classes=args.num_classes, ranks=args.ranks, batch=args.batch, dim=args.dim,
             chunk_size=args.chunk_size, logits_cache_bytes=int(args.logits_cache_gib * GIB), dtype=args.dtype,
             momentum=not args.no_momentum, update_in_backward=args.update_in_backward,
             backbone=None if args.backbone == "none" else args.backbone, image_size=args.image_size,
+            img_size=args.image_size if takes_sizes else None, patch_size=args.patch_size,
             views=args.views, zero_stage=args.zero_stage, device="cpu" if args.cpu else "gpu", queue=args.queue,
             row_store=args.row_store, co2=args.co2, dali=not args.no_dali, kernel=args.kernel,
             targets=1 + args.top_k, checkpoints=True,

@@ -9,11 +9,13 @@ import torch
 from torch import nn
 
 from trainer.config import ConfigError
+from trainer.optim import OptimizerSettings, build_optimizer, create_initial_state, optimizer_partitions
 from trainer.parallel.deepspeed_import import deepspeed
 
 
-def load_deepspeed_config(path: Path, micro_batch: int) -> dict:
-    """Read a ds_configs/ JSON file, drop ``_comment`` keys and fill in the batch size."""
+def load_deepspeed_config(path: Path, micro_batch: int, clip_grad_norm: float = 0.0) -> dict:
+    """Read a ds_configs/ JSON file, drop ``_comment`` keys, fill in the batch size and the
+    gradient clipping of ``optim.clip_grad_norm`` (``apply_gradient_clipping``)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"deepspeed_config {path} not found; name a shipped one (zero{{0,1,2,3}}[_bf16]) or a file "
@@ -38,8 +40,8 @@ def load_deepspeed_config(path: Path, micro_batch: int) -> dict:
         raise ConfigError(f"{path}: gradient_accumulation_steps must be 1 (the classifier steps every batch)")
     config["train_micro_batch_size_per_gpu"] = micro_batch
     config.pop("train_batch_size", None)
-    config.setdefault("zero_allow_untested_optimizer", True)  # plain SGD is what the paper uses
-    return config
+    config.setdefault("zero_allow_untested_optimizer", True)  # SGD, LARS, AdamW: torch's or ours, not DeepSpeed's
+    return apply_gradient_clipping(config, clip_grad_norm, path)
 
 
 def _skip_the_shared_memory_inference_op() -> None:
@@ -51,13 +53,44 @@ def _skip_the_shared_memory_inference_op() -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
-def initialize_backbone(model: nn.Module, ds_config: dict, lr: float, momentum: float, weight_decay: float):
-    """``(engine, optimizer)``; DeepSpeed averages the backbone gradients over all ranks."""
+def apply_gradient_clipping(config: dict, clip_grad_norm: float, path: Path | str = "the DeepSpeed config") -> dict:
+    """``config`` with DeepSpeed's ``gradient_clipping`` set from ``optim.clip_grad_norm`` (0: off).
+
+    DeepSpeed clips from the global gradient norm it computes each step; with
+    ``zero_optimization.compute_grad_norm: false`` it computes none and refuses clipping, so that
+    pair is refused here, naming both fixes.  A clipping value in the DeepSpeed file itself must
+    agree with the job config's (one place decides)."""
+    in_file = float(config.get("gradient_clipping", 0.0) or 0.0)
+    if clip_grad_norm and in_file and in_file != clip_grad_norm:
+        raise ConfigError(f"optim.clip_grad_norm={clip_grad_norm} and gradient_clipping={in_file} in {path} disagree: "
+                          "set the clipping in the job config (optim.clip_grad_norm) and 0 in the DeepSpeed config")
+    clip = clip_grad_norm or in_file
+    if clip and config.get("zero_optimization", {}).get("compute_grad_norm", True) is False:
+        raise ConfigError(f"optim.clip_grad_norm={clip} needs the gradient norm, but {path} sets "
+                          "zero_optimization.compute_grad_norm: false: remove that key (DeepSpeed then computes the "
+                          "norm each step, one host sync) or set optim.clip_grad_norm: 0")
+    return {**config, "gradient_clipping": clip}
+
+
+def initialize_backbone(model: nn.Module, ds_config: dict, lr: float, momentum: float = 0.9,
+                        weight_decay: float = 0.0, settings: OptimizerSettings | None = None):
+    """``(engine, optimizer)``; DeepSpeed averages the backbone gradients over all ranks.
+
+    The optimizer is the one ``settings`` names (``trainer.optim``); without settings, SGD with
+    ``momentum`` and ``weight_decay`` on every parameter.  An optimizer that needs to know how
+    DeepSpeed cut the tensors it steps (LARS: whole-tensor norms) is told here."""
     _skip_the_shared_memory_inference_op()
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if settings is None:
+        settings = OptimizerSettings(name="sgd", momentum=momentum, weight_decay=weight_decay,
+                                     exclude_from_decay=False)
+    optimizer = build_optimizer(settings, model, lr)
     engine, optimizer, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, config=ds_config, dist_init_required=False
     )
+    base = getattr(optimizer, "optimizer", optimizer)
+    if hasattr(base, "use_partitions"):
+        base.use_partitions(optimizer_partitions(optimizer))
+    create_initial_state(optimizer)  # every param group's state, before ZeRO-1/2 maps it after the first step
     return engine, optimizer
 
 

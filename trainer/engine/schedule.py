@@ -31,3 +31,25 @@ def scaled_lr(base_lr: float, base_batch: int, global_batch: int) -> float:
 def set_lr(optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+@dataclass(frozen=True)
+class WeightDecaySchedule:
+    """``optim.weight_decay_end``: cosine from ``start`` at step 0 to ``end`` at the last step
+    (DINO's ViT recipe), with no warm-up."""
+
+    start: float
+    end: float
+    total_steps: int
+
+    def value_at(self, step: int) -> float:
+        progress = min(1.0, step / max(1, self.total_steps - 1))
+        return self.end + (self.start - self.end) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def set_weight_decay(optimizer, weight_decay: float) -> None:
+    """Sets the weight decay of the groups ``trainer.optim`` marks ``decay``; the no-decay group,
+    and optimizers without the mark (the objectives' own SGD), keep theirs."""
+    for group in optimizer.param_groups:
+        if group.get("decay", False):
+            group["weight_decay"] = weight_decay

@@ -35,7 +35,7 @@ from trainer.config import JobConfig
 from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, load_deepspeed_config
 from trainer.engine.replicated_state import OneNetwork
 from trainer.engine.run_record import RunRecord
-from trainer.engine.schedule import LRSchedule, scaled_lr, set_lr
+from trainer.engine.schedule import LRSchedule, WeightDecaySchedule, scaled_lr, set_lr, set_weight_decay
 from trainer.engine.step_skipping import StepSkipper
 from trainer.engine.stop_conditions import NonFiniteWatch, StopSignal
 from trainer.engine.training_eval import TrainingEvaluation
@@ -94,7 +94,8 @@ class Trainer:
         context = ObjectiveContext(
             dims=dims, num_instances=manifest.num_instances, feature_dim=config.model.feature_dim, seed=config.seed,
             optim=OptimSettings(momentum=config.optim.momentum, weight_decay=config.optim.weight_decay,
-                                skips_nonfinite_steps=self.skip_nonfinite),
+                                skips_nonfinite_steps=self.skip_nonfinite,
+                                backbone_optimizer=config.optim.optimizer_settings()),
             views=self.views,
         )
         self.objective = build_objective(config.objective, context)
@@ -108,9 +109,10 @@ class Trainer:
                                       dims.data_parallel_group)
         if config.model.compile:
             model.compile()  # in place: DeepSpeed's engine and the checkpoints see the same module and names
-        ds_config = load_deepspeed_config(config.deepspeed_config, loader_config.batch_size)
+        ds_config = load_deepspeed_config(config.deepspeed_config, loader_config.batch_size,
+                                          config.optim.clip_grad_norm)
         self.engine, self.backbone_optimizer = initialize_backbone(
-            model, ds_config, peak_lr, config.optim.momentum, config.optim.weight_decay
+            model, ds_config, peak_lr, settings=config.optim.optimizer_settings()
         )
         self.dtype = engine_dtype(self.engine)
 
@@ -122,6 +124,8 @@ class Trainer:
             peak_lr=peak_lr, warmup_steps=round(config.optim.warmup_epochs * self.steps_per_epoch),
             total_steps=total_steps, min_lr=peak_lr * config.optim.min_lr_ratio,
         )
+        self.weight_decay_schedule = None if config.optim.weight_decay_end is None else WeightDecaySchedule(
+            config.optim.weight_decay, config.optim.weight_decay_end, total_steps)
         self.record.show_progress(config.logging, total_steps, config.max_steps, self.steps_per_epoch)
 
         self.state = TrainerState()
@@ -300,6 +304,8 @@ class Trainer:
         optimizers = self.objective.optimizers()
         for optimizer in (self.backbone_optimizer, *optimizers):
             set_lr(optimizer, lr)
+            if self.weight_decay_schedule is not None:
+                set_weight_decay(optimizer, self.weight_decay_schedule.value_at(self.state.global_step))
         self.metrics.lr.set(lr)
         buffers = self.skipper.before_forward() if self.skip_nonfinite else None
         step = StepViews(views=self._forward_views(batch), instance_ids=batch.instance_ids, valid=batch.valid,

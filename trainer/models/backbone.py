@@ -1,8 +1,6 @@
-"""torchvision ResNets with a 2-layer MLP head (or, for the paper's Table 2 ablation, a linear
-one) to the classifier's feature width.
-
-``small_input_stem`` swaps the 7x7/2 convolution + max-pool for a 3x3/1 convolution, the usual
-choice for 32-pixel images (the CPU demo); at 224 pixels keep the standard stem.
+"""The network: a trunk from the backbone registry (``trainer.models.backbones``: torchvision's
+ResNets, timm's ViTs) with a 2-layer MLP head (or, for the paper's Table 2 ablation, a linear one)
+to the classifier's feature width.  Nothing here knows a family's modules.
 """
 
 from __future__ import annotations
@@ -10,23 +8,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torchvision
 from torch import nn
 
+from trainer.models.backbones import check_settings, get_backbone
 from trainer.models.batch_norm_precision import accept_low_precision_parameters
 from trainer.parallel.batch_norm import BATCH_NORM_MODES
 
-ARCHITECTURES = ("resnet10", "resnet18", "resnet34", "resnet50", "resnet101")
 HEADS = ("mlp", "linear")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """Attributes:
-    arch: torchvision ResNet (weights are never downloaded: training starts from random init).
-        ``resnet10`` is torchvision's ResNet with one basic block per stage: ResNet-18's widths at
-        about 40% of its compute, for CPU demos.
-    small_input_stem: 3x3 stride-1 first convolution and no max-pool, for ~32 px inputs.
+    arch: a name of the backbone registry (``trainer.models.backbones.backbone_names()``; weights are
+        never downloaded: training starts from random init).  torchvision's ResNets: ``resnet10``
+        (one basic block per stage: ResNet-18's widths at about 40% of its compute, for CPU demos),
+        ``resnet18``, ``resnet34``, ``resnet50``, ``resnet101``.  timm's ViTs, by timm's name:
+        ``vit_tiny_patch16_224`` (ViT-Ti), ``vit_small_patch16_224``, ``vit_base_patch16_224``,
+        ``vit_large_patch16_224``, ``vit_huge_patch14_224``.
+    small_input_stem: ResNets only: 3x3 stride-1 first convolution and no max-pool, for ~32 px inputs.
+    img_size: ViTs only: the image side the position embeddings are laid out for (unset: the name's,
+        224).  Views of other sizes (multi-crop's small crops) get them resampled in the forward.
+    patch_size: ViTs only: the side of a patch, one token each (unset: the name's, 16 or 14); 4 for
+        32 px images gives an 8 x 8 grid.  ``img_size`` must be a multiple of it.
     head: "mlp" (linear, BatchNorm, ReLU, linear: the paper's) or "linear" (one linear layer, the
         head the paper's Table 2 compares it with).
     head_hidden_dim: width of the MLP head's hidden layer (2048 in the paper).
@@ -50,6 +54,8 @@ class ModelConfig:
 
     arch: str = "resnet50"
     small_input_stem: bool = False
+    img_size: int | None = None
+    patch_size: int | None = None
     head: str = "mlp"
     head_hidden_dim: int = 2048
     feature_dim: int = 128
@@ -58,8 +64,7 @@ class ModelConfig:
     compile: bool = False
 
     def __post_init__(self) -> None:
-        if self.arch not in ARCHITECTURES:
-            raise ValueError(f"arch={self.arch!r} is invalid: choose one of {ARCHITECTURES}")
+        check_settings(self)  # arch in the registry; the family's own fields only, with values it builds
         if self.head not in HEADS:
             raise ValueError(f"head={self.head!r} is invalid: choose one of {HEADS}")
         if self.head_hidden_dim < 1 or self.feature_dim < 1:
@@ -76,6 +81,7 @@ class InstanceModel(nn.Module):
     def __init__(self, backbone: nn.Module, backbone_dim: int, config: ModelConfig) -> None:
         super().__init__()
         self.backbone = backbone
+        self.backbone_width = backbone_dim
         if config.head == "linear":
             self.head = nn.Linear(backbone_dim, config.feature_dim)
         else:
@@ -101,14 +107,7 @@ def model_input(images: torch.Tensor, dtype: torch.dtype, config: ModelConfig) -
 
 
 def build_model(config: ModelConfig) -> InstanceModel:
-    if config.arch == "resnet10":
-        backbone = torchvision.models.resnet.ResNet(torchvision.models.resnet.BasicBlock, [1, 1, 1, 1])
-    else:
-        backbone = getattr(torchvision.models, config.arch)(weights=None)
-    if config.small_input_stem:
-        backbone.conv1 = nn.Conv2d(3, backbone.conv1.out_channels, kernel_size=3, stride=1, padding=1, bias=False)
-        backbone.maxpool = nn.Identity()
-    backbone_dim = backbone.fc.in_features
-    backbone.fc = nn.Identity()
+    """The registry's trunk for ``config.arch`` at random init, with the head on top."""
+    trunk = get_backbone(config.arch).build(config)
     # BatchNorm that a bf16 DeepSpeed engine can run (bf16 parameters, fp32 statistics)
-    return accept_low_precision_parameters(InstanceModel(backbone, backbone_dim, config))
+    return accept_low_precision_parameters(InstanceModel(trunk.module, trunk.width, config))

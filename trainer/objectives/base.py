@@ -50,6 +50,7 @@ import torch
 import torch.distributed as dist
 
 from data_pipeline.contract import AugmentConfig, StepIndices, ViewLayout
+from trainer.optim import OptimizerSettings
 from trainer.parallel import ParallelDims
 from trainer.parallel.sharded_state import ShardedRows  # noqa: F401 (objectives build their state with it)
 
@@ -77,6 +78,9 @@ class OptimSettings:
     momentum: float
     weight_decay: float
     skips_nonfinite_steps: bool = False  # optim.on_nonfinite: skip_step (updates must wait for the decision)
+    # The backbone's optimizer, for parameters a method's paper steps with it (SwAV's prototypes:
+    # LARC over the whole model); None: SGD with the momentum and weight decay above.
+    backbone_optimizer: OptimizerSettings | None = None
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,7 @@ class ObjectiveContext:
         num_instances: N, instances in the training set.
         feature_dim: D, width of the head's output.
         seed: the job seed (initial weights depend only on it, never on the layout).
-        optim: momentum and weight decay of the job's SGD.
+        optim: momentum and weight decay of the job's SGD, and the backbone's optimizer.
         views: the layout of every step's views, fixed for the job (default: the default
             augmentation's two global views).
     """

@@ -41,6 +41,7 @@ from trainer.objectives.base import (
     average_gradients,
 )
 from trainer.objectives.swav.sinkhorn import distributed_sinkhorn
+from trainer.optim import build_optimizer
 from trainer.parallel.collectives import CommTimer, all_reduce_
 
 SINKHORN_DTYPES = ("float32", "float64")
@@ -105,8 +106,7 @@ class SwavObjective(Objective):
         generator = torch.Generator().manual_seed(context.seed)
         prototypes = torch.randn(config.num_prototypes, context.feature_dim, generator=generator)
         self.prototypes = torch.nn.Parameter(F.normalize(prototypes, dim=1).to(dims.device))
-        self.optimizer = torch.optim.SGD([self.prototypes], lr=0.0, momentum=context.optim.momentum,
-                                         weight_decay=context.optim.weight_decay)
+        self.optimizer = self._prototype_optimizer(context.optim)
         self.queue: torch.Tensor | None = None  # [queue_length / world, global crops, D], newest first
         self.queued = 0  # features pushed over all ranks (host count, the same everywhere): full at queue_length
         self.comm_timer = CommTimer()
@@ -117,6 +117,15 @@ class SwavObjective(Objective):
         self._usage = self._entropy = None
         self._losses_near_ln_k = 0
         self._collapse_warned = False
+
+    def _prototype_optimizer(self, optim) -> torch.optim.Optimizer:
+        """SwAV's code steps the prototypes with the model's optimizer (LARC over all parameters):
+        the backbone's, when the job names one, else SGD."""
+        if optim.backbone_optimizer is None:
+            return torch.optim.SGD([self.prototypes], lr=0.0, momentum=optim.momentum, weight_decay=optim.weight_decay)
+        holder = torch.nn.Module()
+        holder.register_parameter("prototypes", self.prototypes)
+        return build_optimizer(optim.backbone_optimizer, holder, lr=0.0)
 
     # -- the seam --------------------------------------------------------------------------------
 
@@ -265,17 +274,30 @@ class SwavObjective(Objective):
         return ShardedRows(self.queue, dims.rank * share, (dims.rank + 1) * share, self.config.queue_length)
 
     def state_dict(self) -> dict:
-        momentum = self.optimizer.state.get(self.prototypes, {}).get("momentum_buffer")
+        optimizer_state = self.optimizer.state.get(self.prototypes, {})
+        momentum = optimizer_state.get("momentum_buffer")
         return {"prototypes": self.prototypes.detach(),
                 "momentum": momentum if momentum is not None else torch.zeros(0),
+                # every key of the prototypes' optimizer (AdamW's moments and step counter too)
+                "optimizer_state": {k: torch.as_tensor(v) for k, v in optimizer_state.items() if v is not None},
                 "queue": self._queue_rows(), "queued": self.queued, "world_size": self.context.dims.world_size}
 
     def load_state_dict(self, state: dict) -> None:
         device = self.context.dims.device
         with torch.no_grad():
             self.prototypes.copy_(state["prototypes"])
-        if state["momentum"].numel():
-            self.optimizer.state[self.prototypes]["momentum_buffer"] = state["momentum"].to(device).clone()
+        saved = state.get("optimizer_state") or (
+            {"momentum_buffer": state["momentum"]} if state["momentum"].numel() else {})
+        if saved:
+            current = self.optimizer.state[self.prototypes]
+            initial_state = getattr(self.optimizer, "initial_state", None)
+            if initial_state is not None and not current:  # where the optimizer keeps each key (device, dtype)
+                current.update(initial_state(self.prototypes, self.optimizer.param_groups[0]))
+            for key, value in saved.items():
+                if torch.is_tensor(current.get(key)):
+                    current[key].copy_(value)
+                else:
+                    current[key] = value.to(device).clone()
         rows = state["queue"].rows
         self.queue = None if rows is None else rows.to(device).clone()
         self.queued = state["queued"]

@@ -1,0 +1,69 @@
+"""Vision Transformers from timm, at random init: ``timm.create_model(name, pretrained=False,
+num_classes=0, dynamic_img_size=True)``.
+
+The registry key is timm's model name.  ``model.img_size`` and ``model.patch_size`` override the
+name's (a ViT-Ti at patch 4 for 32 px images: an 8 x 8 grid of tokens).  The trunk's feature is
+the class token after the final LayerNorm, ``embed_dim`` wide.  ``dynamic_img_size`` lets one
+network take every view of multi-crop: a view of another size than ``img_size`` (SwAV's 96 px
+crops of a 224 px job, 16 px crops of a 32 px one) gets the position embeddings resampled to its
+grid (bicubic) in each forward.  Sides should be multiples of the patch size: the patch
+embedding's convolution drops a remainder.
+
+``timm`` is imported when a ViT is built, never before: ``import trainer`` and ResNet jobs do not
+load it.  Nothing here downloads (``pretrained=False``; the tests build every entry with the
+network unreachable).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from torch import nn
+
+from trainer.models.backbones.registry import Backbone, Trunk, TrunkSettings, register_backbone
+
+# timm's name -> (patch size, image size) its position grid is built for unless overridden.
+VITS = {
+    "vit_tiny_patch16_224": (16, 224),
+    "vit_small_patch16_224": (16, 224),
+    "vit_base_patch16_224": (16, 224),
+    "vit_large_patch16_224": (16, 224),
+    "vit_huge_patch14_224": (14, 224),
+}
+
+
+def vit_geometry(name: str, settings: TrunkSettings) -> tuple[int, int]:
+    """``(patch_size, img_size)`` the network is built with: the config's, else the name's."""
+    patch, size = VITS[name]
+    return settings.patch_size or patch, settings.img_size or size
+
+
+def build_vit(name: str, settings: TrunkSettings) -> Trunk:
+    import timm  # here, not at the top: only ViT jobs pay for importing it
+
+    patch, size = vit_geometry(name, settings)
+    network = timm.create_model(name, pretrained=False, num_classes=0, img_size=size, patch_size=patch,
+                                dynamic_img_size=True)
+    return Trunk(network, network.num_features)
+
+
+def vit_blocks(network: nn.Module) -> list[nn.Module]:
+    return list(network.blocks)
+
+
+def check_vit(name: str, settings: TrunkSettings) -> None:
+    for field in ("img_size", "patch_size"):
+        value = getattr(settings, field)
+        if value is not None and value < 1:
+            raise ValueError(f"{field}={value} is invalid: use a positive number of pixels, or leave it unset for "
+                             f"{name}'s own ({dict(zip(('patch_size', 'img_size'), VITS[name]))[field]})")
+    patch, size = vit_geometry(name, settings)
+    if size % patch:
+        raise ValueError(f"patch_size={patch} is invalid for img_size={size}: the image side must be a multiple of "
+                         f"the patch size (e.g. patch_size 4 or 8 at 32 px, 16 at 224 px)")
+
+
+for _name in VITS:
+    register_backbone(Backbone(name=_name, family="vit", build=partial(build_vit, _name),
+                               options=frozenset({"img_size", "patch_size"}), check=partial(check_vit, _name),
+                               blocks=vit_blocks))
