@@ -15,7 +15,7 @@ from torch import nn
 from tests.helpers.lars_reference import larc_sgd_step
 from trainer.checkpoint.engine_state import consolidated_weights
 from trainer.checkpoint.optimizer_state import fresh_host_copy
-from trainer.engine.deepspeed_setup import initialize_backbone, load_deepspeed_config
+from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, load_deepspeed_config
 from trainer.optim import OptimizerSettings, optimizer_partitions
 from trainer.optim.param_groups import excluded_from_decay
 from trainer.parallel import init_distributed
@@ -58,7 +58,8 @@ def _train(stage: int, result: str) -> None:
     for step in range(STEPS):
         inputs, targets = _batch(step)
         mine = slice(dims.rank * local, (dims.rank + 1) * local)
-        engine.backward(nn.functional.mse_loss(engine(inputs[mine]), targets[mine]))
+        outputs = engine(inputs[mine].to(engine_dtype(engine))).float()
+        engine.backward(nn.functional.mse_loss(outputs, targets[mine]))
         engine.step()
     weights = consolidated_weights(engine, dims.rank == 0, fresh_host_copy)  # collective under ZeRO
     if dims.rank == 0:
@@ -95,3 +96,15 @@ def test_lars_under_zero_matches_a_float64_reference_with_tensors_straddling_par
     for name, expected in reference.items():
         assert (expected - initial[name].double()).abs().max() > 1e-3, f"{name} hardly moved: a weak check"
         torch.testing.assert_close(result["weights"][name].double(), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_the_bf16_optimizer_of_stage_1_steps_lars_as_zero_2_in_bf16_does(tmp_path):
+    """zero1_bf16 runs DeepSpeed's BF16_Optimizer, another flat partitioning (fp32 gradients): with
+    bf16 compute the float64 reference is out of reach, ZeRO-2 in bf16 (checked in fp32 above) is not."""
+    for stage in ("1_bf16", "2_bf16"):
+        spawn_local_workers(_train, 2, stage, str(tmp_path / f"{stage}.pt"))
+    bf16_optimizer, zero_2 = (torch.load(tmp_path / f"{stage}.pt", weights_only=True) for stage in ("1_bf16", "2_bf16"))
+    assert bf16_optimizer["straddles"] and zero_2["straddles"]
+    for name, weight in zero_2["weights"].items():
+        torch.testing.assert_close(bf16_optimizer["weights"][name], weight, rtol=1e-5, atol=1e-6)

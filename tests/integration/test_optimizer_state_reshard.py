@@ -53,7 +53,8 @@ def _run(stage: int, steps: list[int], resume: str | None, save_to: str | None, 
         torch.save(state, result)
 
 
-@pytest.mark.parametrize("stage", [2, pytest.param(3, marks=pytest.mark.slow)])
+# default suite: the step counter carried through a checkpoint (tests/unit/test_optimizer_state_keys.py)
+@pytest.mark.parametrize("stage", [pytest.param(2, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow)])
 def test_adamw_resumed_on_another_number_of_ranks_carries_its_step_counter(stage, tmp_path):
     spawn_local_workers(_run, 2, stage, [0, 1, 2, 3], None, str(tmp_path / "reference"), str(tmp_path / "reference.pt"))
     spawn_local_workers(_run, 2, stage, [0, 1], None, str(tmp_path / "first"), str(tmp_path / "first.pt"))

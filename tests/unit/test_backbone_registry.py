@@ -133,6 +133,7 @@ OFFLINE_BUILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration
 def test_resnets_never_import_timm_and_a_vit_is_built_offline_from_nothing_downloaded(tmp_path):
     """In a fresh interpreter every socket refuses to connect and the hub caches are empty folders:
     the ViT still builds, at random init (timm draws the class token at std 1e-6; trained weights

@@ -162,7 +162,7 @@ def load_full_optimizer_state(engine, state: dict[str, dict[str, torch.Tensor]])
         full_shape = tuple(_full_shape(parameter))
         for key, value in saved.items():
             if key in scalar_keys or (key not in element_keys and value.dim() == 0 and full_shape != ()):
-                pass
+                _put(base.state.setdefault(owner, {}), key, value, owner)  # its partition's, under ZeRO
             elif tuple(value.shape) != full_shape:
                 raise ValueError(f"optimizer state {key!r} of {name} has shape {tuple(value.shape)}, the parameter "
                                  f"{full_shape}: the checkpoint is of another model")
