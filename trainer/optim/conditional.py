@@ -30,6 +30,24 @@ class ConditionalStep:
     def _condition(self, apply: torch.Tensor | None) -> torch.Tensor | None:
         return apply if apply is not None else self.step_condition
 
+    @staticmethod
+    def _evaluate(closure):
+        """The closure's loss, computed with gradients enabled (as torch's optimizers do), or None."""
+        if closure is None:
+            return None
+        with torch.enable_grad():
+            return closure()
+
+    def _momentum_buffers(self, params: list[torch.Tensor], group: dict) -> list[torch.Tensor]:
+        """Each parameter's momentum buffer, made by ``initial_state`` before its first step."""
+        buffers = []
+        for param in params:
+            state = self.state[param]
+            if state.get("momentum_buffer") is None:
+                state.update(self.initial_state(param, group))
+            buffers.append(state["momentum_buffer"])
+        return buffers
+
 
 def select_(target: torch.Tensor, new: torch.Tensor, apply: torch.Tensor) -> None:
     """``target`` becomes ``new`` where ``apply`` is True and stays itself where it is False."""

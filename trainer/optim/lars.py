@@ -82,10 +82,7 @@ class LARS(ConditionalStep, torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None, apply: torch.Tensor | None = None):
         apply = self._condition(apply)
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = self._evaluate(closure)
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
@@ -108,13 +105,7 @@ class LARS(ConditionalStep, torch.optim.Optimizer):
                 grads = torch._foreach_add([p.grad for p in params], params, alpha=group["weight_decay"])
             else:
                 grads = [p.grad for p in params]
-            buffers = []
-            for param in params:
-                state = self.state[param]
-                if "momentum_buffer" not in state:
-                    state.update(self.initial_state(param, group))
-                buffers.append(state["momentum_buffer"])
-            momentum_step(params, grads, buffers, group["lr"], group["momentum"], apply)
+            momentum_step(params, grads, self._momentum_buffers(params, group), group["lr"], group["momentum"], apply)
         return loss
 
 

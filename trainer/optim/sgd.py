@@ -23,10 +23,7 @@ class SGD(ConditionalStep, torch.optim.SGD):
         apply = self._condition(apply)
         if apply is None:
             return super().step(closure)
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = self._evaluate(closure)
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
@@ -38,13 +35,7 @@ class SGD(ConditionalStep, torch.optim.SGD):
                 for param, grad in zip(params, grads):
                     select_(param, param - group["lr"] * grad, apply)
                 continue
-            buffers = []
-            for param in params:
-                state = self.state[param]
-                if "momentum_buffer" not in state or state["momentum_buffer"] is None:
-                    state.update(self.initial_state(param, group))
-                buffers.append(state["momentum_buffer"])
-            momentum_step(params, grads, buffers, group["lr"], group["momentum"], apply)
+            momentum_step(params, grads, self._momentum_buffers(params, group), group["lr"], group["momentum"], apply)
         return loss
 
 
