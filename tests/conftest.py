@@ -23,13 +23,18 @@ for name in [name for name in os.environ if name.startswith("TORCHELASTIC_")] + 
 # was started from.
 os.chdir(Path(__file__).resolve().parents[1])
 # Compiler caches start empty, as on a new machine or in CI: a warm ~/.cache must never be what
-# makes the suite pass.  INSTCLS_TEST_CACHE_DIR keeps them between runs where that is wanted.
-_CACHES = Path(os.environ.get("INSTCLS_TEST_CACHE_DIR") or tempfile.mkdtemp(prefix="instcls-test-caches-"))
+# makes the suite pass.  INSTCLS_TEST_CACHE_DIR keeps them between runs where that is wanted.  One
+# session shares one folder: pytest-xdist's workers inherit it from the controller, which made it
+# and removes it at exit, as a job's ranks and pods share one cache.
+_SESSION_CACHES_ENV = "_INSTCLS_TEST_SESSION_CACHE_DIR"
+_CACHES = Path(os.environ.get("INSTCLS_TEST_CACHE_DIR") or os.environ.get(_SESSION_CACHES_ENV)
+               or tempfile.mkdtemp(prefix="instcls-test-caches-"))
+if not os.environ.get("INSTCLS_TEST_CACHE_DIR") and not os.environ.get(_SESSION_CACHES_ENV):
+    os.environ[_SESSION_CACHES_ENV] = str(_CACHES)
+    atexit.register(shutil.rmtree, _CACHES, ignore_errors=True)
 for name, folder in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TORCH_EXTENSIONS_DIR", "torch_extensions"),
                      ("TRITON_CACHE_DIR", "triton")):
     os.environ[name] = str(_CACHES / folder)
-if not os.environ.get("INSTCLS_TEST_CACHE_DIR"):
-    atexit.register(shutil.rmtree, _CACHES, ignore_errors=True)
 # The tests' servers (metrics exporters, Prometheus) listen on the loopback: never through a proxy.
 for name in ("no_proxy", "NO_PROXY"):
     os.environ[name] = ",".join(filter(None, [os.environ.get(name), "127.0.0.1", "localhost"]))

@@ -19,7 +19,7 @@ import ds_configs
 from data_pipeline.contract import LoaderConfig
 from trainer.config_building import ConfigError, apply_overrides, build_dataclass
 from trainer.models import ModelConfig
-from trainer.objectives import ObjectiveConfig, default_objective_config
+from trainer.objectives import ObjectiveConfig, OptimSettings, default_objective_config
 from trainer.observability.tensorboard_scalars import tensorboard_missing
 from trainer.optim import OPTIMIZERS, OptimizerSettings, optimizer_names
 from trainer.parallel.device_choice import DEVICE_CHOICES
@@ -79,6 +79,20 @@ class OptimSection:
     base_lr: learning rate at ``base_batch`` images per step; scaled linearly with the global
         batch (paper: 0.48 at 4096).
     base_batch: the batch size ``base_lr`` refers to.
+    objective_base_lr: the learning rate of the objective's own optimizers (the classifier rows'
+        SGD of instance and PIC) at ``base_batch`` images per step, scaled by the same linear rule
+        and following the same warm-up and cosine (and ``min_lr_ratio``); null (default):
+        ``base_lr``, one schedule for both.  For a backbone whose optimizer wants another scale: a
+        ViT on AdamW at ``base_lr`` ~1e-3 while the rows' SGD needs ~0.5.  Parameters the
+        objective steps with the backbone's optimizer take ``base_lr``'s schedule: SwAV's
+        prototypes, which its code steps with the model's optimizer (``optim.name``'s), so this
+        field changes nothing in a SwAV job.  A schedule setting, not saved state: a checkpoint
+        resumes under another value.
+    objective_weight_decay: the weight decay of the objective's own optimizers (the rows' SGD);
+        null (default): ``weight_decay``.  AdamW's ViT recipes decay the backbone by 0.05-0.1, which
+        at the rows' SGD learning rate of ~0.5 would shrink every row by ~5% a step; the paper's
+        SGD decays them by 1e-4.  Like ``objective_base_lr``, refused for SwAV (its prototypes
+        step with the backbone's optimizer).
     warmup_epochs: linear warm-up length, then cosine decay to ``min_lr_ratio * lr``.
     name: the backbone's optimizer (``trainer.optim``): "sgd" (default; One-Million-Way, PIC),
         "lars" (SwAV: LARC's scaling form around SGD with momentum, exact under every ZeRO stage)
@@ -114,6 +128,8 @@ class OptimSection:
     epochs: int = 200
     base_lr: float = 0.48
     base_batch: int = 4096
+    objective_base_lr: float | None = None
+    objective_weight_decay: float | None = None
     warmup_epochs: float = 10.0
     min_lr_ratio: float = 0.0
     momentum: float = 0.9
@@ -133,10 +149,16 @@ class OptimSection:
             (self.epochs >= 1, "epochs", "train at least 1 epoch"),
             (self.base_lr > 0, "base_lr", "use a positive learning rate (paper: 0.48 at batch 4096)"),
             (self.base_batch >= 1, "base_batch", "use the batch size base_lr was tuned for (4096)"),
+            (self.objective_base_lr is None or self.objective_base_lr > 0, "objective_base_lr",
+             "use a positive learning rate for the objective's own optimizers at base_batch (e.g. 0.48 at 4096), "
+             "or null to use base_lr"),
             (0 <= self.warmup_epochs <= self.epochs, "warmup_epochs", "use 0 <= warmup_epochs <= epochs"),
             (0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "use a ratio in [0, 1]"),
             (0 <= self.momentum < 1, "momentum", "use 0 <= momentum < 1"),
             (self.weight_decay >= 0, "weight_decay", "use a non-negative weight decay"),
+            (self.objective_weight_decay is None or self.objective_weight_decay >= 0, "objective_weight_decay",
+             "use a non-negative weight decay for the objective's own optimizers (paper: 1e-4), or null to use "
+             "weight_decay"),
             (self.on_nonfinite in ("stop", "skip_step"), "on_nonfinite", "use 'stop' or 'skip_step'"),
             (self.max_skipped_in_a_row >= 1, "max_skipped_in_a_row", "allow at least 1 skipped step in a row"),
             (self.name in optimizer_names(), "name", f"choose one of {', '.join(optimizer_names())}"),
@@ -157,6 +179,12 @@ class OptimSection:
             if getattr(self, name) != getattr(OptimSection, name) and self.name not in readers:
                 raise ConfigError(f"optim.{name}={getattr(self, name)!r} is set, but optim.name={self.name!r} does not "
                                   f"read it (only {', '.join(readers)} does): remove it or choose that optimizer")
+
+    def objective_settings(self, skips_nonfinite_steps: bool = False) -> OptimSettings:
+        """What the objective's own optimizers use (``trainer.objectives.OptimSettings``)."""
+        weight_decay = self.weight_decay if self.objective_weight_decay is None else self.objective_weight_decay
+        return OptimSettings(momentum=self.momentum, weight_decay=weight_decay,
+                             skips_nonfinite_steps=skips_nonfinite_steps, backbone_optimizer=self.optimizer_settings())
 
     def optimizer_settings(self) -> OptimizerSettings:
         """The backbone optimizer's settings (``trainer.optim``)."""

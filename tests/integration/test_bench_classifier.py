@@ -8,7 +8,8 @@ import pytest
 from trainer.bench.classifier_bench import format_report
 from trainer.cli import main
 
-pytestmark = pytest.mark.integration
+# The three tests read one 2-rank bench run (the module fixture): one worker runs them, so it runs once.
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("bench-classifier")]
 
 N, B, D, T = 600_000, 256, 32, 2
 SHARD_BYTES = N // T * D * 4  # DHP: one rank's rows of W

@@ -10,9 +10,9 @@ import textwrap
 import pytest
 
 from tests.helpers.training import FAST, REPO
-from trainer.bench.plan_from_config import plan_input_from_config
-from trainer.bench.planner import checkpoint_host_copies
 from trainer.config import load_job_config
+from trainer.planning import checkpoint_host_copies
+from trainer.planning.plan_from_config import plan_input_from_config
 
 pytestmark = pytest.mark.integration
 

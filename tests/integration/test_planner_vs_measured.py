@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trainer.bench.ddp_vs_dhp import SweepSettings, run_point
-from trainer.bench.planner import PlanInput, predict
+from trainer.planning import PlanInput, predict
 
 pytestmark = pytest.mark.integration
 

@@ -134,9 +134,11 @@ def test_in_backward_update_and_logits_cache_train_like_the_plain_step(digits_sp
             torch.testing.assert_close(rows[name][key], rows["plain"][key], atol=1e-6, rtol=0, msg=f"{name} {key}")
 
 
-def _assert_evaluated_on_schedule_and_summarised(run_dir, result, epochs: int, every: int) -> dict:
+def _assert_evaluated_on_schedule_and_summarised(run_dir, result, epochs: int, every: int, steps_per_epoch: int = 12,
+                                                 local_batch: int = 64) -> dict:
     """kNN every ``every`` epochs against one random-init baseline, the linear probe and its
-    learning curve at the end, a summary per rank, and the final line printed; the final eval."""
+    learning curve at the end, a summary per rank, and the final line printed; the final eval.
+    The defaults are the digits' 1,438 training images in global batches of 2 x 64."""
     records = [json.loads(line) for line in (run_dir / "logs" / "rank-00000.jsonl").read_text().splitlines()]
     evals = [r for r in records if r["event"] == "eval"]
     expected = [(epoch, epoch == epochs) for epoch in range(every, epochs + 1, every)]
@@ -152,8 +154,9 @@ def _assert_evaluated_on_schedule_and_summarised(run_dir, result, epochs: int, e
         for line in (run_dir / "logs" / f"rank-{rank:05d}.jsonl").read_text().splitlines()
         if '"summary"' in line
     ]
-    steps = 12 * epochs  # 1,438 digits in global batches of 128
-    assert [(s["epochs"], s["steps"], s["images"]) for s in summaries] == [(epochs, steps, steps * 64)] * 2, summaries
+    steps = steps_per_epoch * epochs
+    assert [(s["epochs"], s["steps"], s["images"]) for s in summaries] == [(epochs, steps, steps * local_batch)] * 2, \
+        summaries
     assert all(s["peak_memory_bytes"] > 100 << 20 for s in summaries)  # a ResNet-18 rank holds >100 MiB
     # The final evaluation is printed with its figures (the one test of that line's text).
     figures = [f"{100 * final[key]:.2f}%" for key in ("knn_trained", "knn_random_init", "linear_trained",
@@ -162,14 +165,16 @@ def _assert_evaluated_on_schedule_and_summarised(run_dir, result, epochs: int, e
     return final
 
 
-def test_training_evaluates_on_schedule_and_summarises(digits_split, tmp_path):
-    """The evaluation schedule and the run's summaries in a short run; whether it learns is held by
-    the slow tests below and on the digit scenes."""
+def test_training_evaluates_on_schedule_and_summarises(tiny_digits_split, tmp_path):
+    """The evaluation schedule and the run's summaries in a short run (128 digits: 2 steps an epoch);
+    whether it learns is held by the slow tests below and on the digit scenes."""
     result = run_train(
         tmp_path,
-        digits_split,
+        tiny_digits_split,
         2,
         [
+            "data.loader.batch_size=32",
+            "logging.log_every=1",
             "optim.epochs=3",
             "eval.knn_at_end=true",
             "eval.every_epochs=1",
@@ -178,18 +183,19 @@ def test_training_evaluates_on_schedule_and_summarises(digits_split, tmp_path):
             "logging.progress_every_s=0",
         ],
     )
-    _assert_evaluated_on_schedule_and_summarised(tmp_path, result, epochs=3, every=1)
+    _assert_evaluated_on_schedule_and_summarised(tmp_path, result, epochs=3, every=1, steps_per_epoch=2, local_batch=32)
     # Output to a pipe, as in a pod log: plain progress lines, one per log step, no carriage returns,
     # and none of the warnings every run used to print.
     output = result.stdout + result.stderr
     assert "\r" not in output
-    progress = [line for line in result.stdout.splitlines() if re.match(r"\[instcls\] epoch \d+ step \d+/12 ", line)]
+    progress = [line for line in result.stdout.splitlines() if re.match(r"\[instcls\] epoch \d+ step \d+/2 ", line)]
     logged = [
         json.loads(line)
         for line in (tmp_path / "logs" / "rank-00000.jsonl").read_text().splitlines()
         if '"event": "step"' in line
     ]
-    assert [int(re.search(r"\(run (\d+)/36\)", line)[1]) for line in progress] == [r["step"] for r in logged]
+    assert [int(re.search(r"\(run (\d+)/6\)", line)[1]) for line in progress] == [r["step"] for r in logged]
+    assert len(logged) == 6
     assert all(f"loss {r['loss']:.4f}" in line for r, line in zip(logged, progress))
     assert "Warning" not in output and "Setting accelerator" not in output, output[-3000:]
 

@@ -377,3 +377,27 @@ def test_the_fused_function_is_traced_on_fake_copies_never_run_on_the_real_chunk
     kernel = inductor_fusion.compile_for(record, (torch.ones(4, 3),))
     assert seen == [True]  # traced once, on a fake copy
     assert torch.equal(kernel(torch.ones(4, 3)), torch.full((4, 3), 2.0))
+
+
+@pytest.mark.integration
+def test_a_compiled_graph_is_loaded_from_inductors_cache_the_second_time():
+    """Inductor's FX graph cache (on disk, shared by a job's ranks and by later pods) serves the second
+    compile of the same graph: it is skipped, not bypassed, which a bare `torch._inductor.compile` does
+    for lack of a shape environment."""
+    import random
+
+    from torch._dynamo.utils import counters
+
+    from trainer.classifier.terms import inductor_fusion
+
+    def scaled_exp(x, scale):
+        return torch.exp(x * scale).sum(0)
+
+    args = (torch.randn(6, 5), random.random())  # a constant never compiled before: a new graph
+    counters.clear()
+    first = inductor_fusion.compile_for(scaled_exp, args)
+    assert dict(counters["inductor"]) == {"fxgraph_cache_miss": 1}, dict(counters["inductor"])
+    second = inductor_fusion.compile_for(scaled_exp, args)
+    assert counters["inductor"]["fxgraph_cache_hit"] == 1, dict(counters["inductor"])
+    torch.testing.assert_close(second(args[0]), scaled_exp(*args))
+    torch.testing.assert_close(first(args[0]), second(args[0]), rtol=0, atol=0)

@@ -10,11 +10,11 @@ import torch
 
 from tests.helpers.host_copies import kept_bytes
 from trainer.bench import runtime_baseline
-from trainer.bench.planner import PlanInput, checkpoint_host_copies, predict
 from trainer.checkpoint.components import component_plan
 from trainer.checkpoint.save_plan import HostStager
 from trainer.objectives import InstanceConfig, InstanceObjective, ObjectiveContext, OptimSettings
 from trainer.parallel import single_process_dims
+from trainer.planning import PlanInput, checkpoint_host_copies, predict
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 MIB = 2**20

@@ -37,7 +37,9 @@ def _config(name: str, *overrides: str):
     # PIC: the queue (4096) is full after 2 steps of 2048, so later steps write rows back to the host store
     ("pic_in1k_r50.yaml", ["objective.queue_size=4096", "data.loader.batch_size=512",
                            "data.loader.sampler.window_size=0", "data.loader.sampler.stride=0"], 65536, 0, 4, True),
-    ("swav_in1k_r50.yaml", [], 8192, 15, 2, True),  # the queue is on from epoch 15 (no planner model)
+    # the queue is on from epoch 15; 512 features fill it in 2 steps of 4 x 64, so the third step's
+    # Sinkhorn runs over the batch and the full queue, as the planner counts it
+    ("swav_in1k_r50.yaml", ["objective.queue_length=512"], 8192, 15, 3, True),
     # PIC with CO2: the sampled rows per rank change every step; the chunk shapes are
     # bucketed, so the fused term compiles in few steps, not in each (its queue is far from full: no
     # memory comparison with the planner, which counts a full one)
@@ -206,3 +208,23 @@ def test_the_node_by_node_backward_gives_autograds_gradients():
     x.grad = w.grad = bias.grad = None
     backward(loss())
     assert all(torch.equal(t.grad, e) for t, e in zip((x, w, bias), expected))
+
+
+def test_the_simulated_step_builds_the_objective_with_the_jobs_backbone_optimizer(monkeypatch):
+    """As the trainer does: SwAV's prototypes are stepped by the job's optimizer (LARS here), not SGD."""
+    from trainer.dry_run import rank_step
+    from trainer.parallel import single_process_dims
+
+    built = []
+
+    def recording(config, context):
+        built.append(context)
+        raise RuntimeError("recorded")
+
+    monkeypatch.setattr(rank_step, "build_objective", recording)
+    config = _config("swav_in1k_r50.yaml")
+    with pytest.raises(RuntimeError, match="recorded"):
+        rank_step.run_objective_steps(config, single_process_dims(torch.device("cpu")), 1024, 1, 0,
+                                      rank_step.RankReport(0, 1, 1), probe=None)
+    assert built[0].optim.backbone_optimizer == config.optim.optimizer_settings()
+    assert built[0].optim.backbone_optimizer.name == "lars"

@@ -14,7 +14,7 @@ from trainer.bench.fake_device_sweep import (
     largest_fitting,
     planned_largest,
 )
-from trainer.bench.planner import GIB
+from trainer.planning import GIB
 
 SWEEP = FakeSweep(ranks=4, batch=64, dim=16, chunk_size=16384, growth=1.5, resolution=0.1)
 

@@ -4,7 +4,7 @@ cycle, they do not remove it), and the library layers of the trainer reach the d
 through its contract module.  A failure names the offending import.
 
     foundation < parallel < optim < data < observability < models < classifier < objectives < config
-               < checkpoint < evaluation < engine < tools < cli < api
+               < checkpoint < evaluation < engine < planning < tools < cli < api
 
 The package ``trainer`` itself (its ``__init__``: ``trainer.train``, ``Trainer``, ``load_job_config``,
 imported on first use) is the API layer on top; a module of the package that no layer lists is an
@@ -37,6 +37,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("checkpoint", ("trainer.checkpoint",)),
     ("evaluation", ("trainer.evaluation",)),
     ("engine", ("trainer.engine",)),
+    # the memory planner: objectives describe their state, it reads configs and DeepSpeed's settings
+    ("planning", ("trainer.planning",)),
     ("tools", ("trainer.bench", "trainer.drills", "trainer.selftest", "trainer.ablations", "trainer.dry_run",
                "trainer.rehearsal")),
     ("cli", ("trainer.cli",)),

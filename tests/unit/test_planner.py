@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from trainer.bench.planner import (
+from trainer.objectives.memory_plan import ClassifierRows, SampledRows
+from trainer.planning import (
     GIB,
     PlanInput,
-    classifier_breakdown,
     format_plan,
     largest_classes,
+    objective_breakdown,
     plan_modes,
     predict,
     total,
@@ -29,8 +30,8 @@ def planned(tmp_path, *args: str) -> dict:
 
 
 def test_sharding_divides_the_classifier_state_by_the_ranks():
-    ddp = classifier_breakdown(PlanInput(mode="ddp", num_classes=1_000_000, ranks=8, batch=256))
-    dhp = classifier_breakdown(PlanInput(mode="dhp", num_classes=1_000_000, ranks=8, batch=256))
+    ddp = objective_breakdown(PlanInput(mode="ddp", num_classes=1_000_000, ranks=8, batch=256))
+    dhp = objective_breakdown(PlanInput(mode="dhp", num_classes=1_000_000, ranks=8, batch=256))
     assert ddp["classifier weights"] == 1_000_000 * 128 * 4
     assert dhp["classifier weights"] == 125_000 * 128 * 4
     assert ddp["classifier momentum"] == ddp["classifier gradients"] == ddp["classifier weights"]
@@ -150,7 +151,7 @@ def test_co2_term_adds_no_workspace_buffers_and_plans_one_block(monkeypatch, cac
 
 def test_a_gpu_plan_counts_zero_buckets_and_dali_buffers():
     """What DeepSpeed and DALI hold on the device besides the model."""
-    from trainer.bench.planner import DEEPSPEED_REDUCE_BUCKET, PlanInput
+    from trainer.planning.plan_input import DEEPSPEED_REDUCE_BUCKET
 
     base = dict(mode="dhp", num_classes=1_000_000, ranks=8, batch=1024, backbone="resnet50", dtype="bfloat16")
     stage2 = predict(PlanInput(**base, zero_stage=2))
@@ -169,8 +170,8 @@ def test_a_gpu_plan_counts_zero_buckets_and_dali_buffers():
 
 
 def test_the_plan_reads_zero_settings_from_a_deepspeed_config():
-    from trainer.bench.planner import deepspeed_settings
     from trainer.engine.deepspeed_setup import load_deepspeed_config
+    from trainer.planning import deepspeed_settings
 
     assert deepspeed_settings(load_deepspeed_config(Path("ds_configs/zero2_bf16.json"), 1)) == {
         "zero_stage": 2, "reduce_bucket": 50_000_000, "overlap_comm": False, "prefetch_bucket": 50_000_000,
@@ -183,8 +184,8 @@ def test_the_plan_reads_zero_settings_from_a_deepspeed_config():
 def test_zero3_buckets_and_fp32_gradients_are_planned():
     """ZeRO-3's reduce and prefetch buckets are counted; fp32 gradients of a bf16 backbone cost 4
     bytes per (partitioned) parameter and per bucket element."""
-    from trainer.bench.planner import PlanInput, backbone_breakdown, deepspeed_settings, runtime_breakdown
     from trainer.engine.deepspeed_setup import load_deepspeed_config
+    from trainer.planning import backbone_breakdown, deepspeed_settings, runtime_breakdown
 
     settings = deepspeed_settings(load_deepspeed_config(Path("ds_configs/zero3_bf16.json"), 1))
     plan = PlanInput(mode="dhp", num_classes=1000, ranks=4, batch=64, backbone="resnet18", image_size=32, **settings)
@@ -196,16 +197,17 @@ def test_zero3_buckets_and_fp32_gradients_are_planned():
 
 
 def test_a_config_is_planned_as_the_job_it_describes(tmp_path, capsys):
-    from trainer.bench.plan_from_config import plan_input_from_config
     from trainer.config import load_job_config
+    from trainer.planning.plan_from_config import plan_input_from_config
 
     repo = Path(__file__).resolve().parents[2]
     plan = plan_input_from_config(load_job_config(repo / "configs/in1k_r50_64gpu.yaml", []), 64, 1_281_167)
     assert (plan.mode, plan.num_classes, plan.ranks, plan.batch, plan.dim, plan.backbone, plan.image_size,
             plan.views, plan.zero_stage, plan.dtype, plan.dali, plan.device) == (
         "dhp", 1_281_167, 64, 64 * 64, 128, "resnet50", 224, 2, 1, "bfloat16", True, "gpu")
+    assert plan.objective == ClassifierRows(sharded=True, hard_negatives=100)
     pic = plan_input_from_config(load_job_config(repo / "configs/pic_in1k_r50.yaml", []), 8, 1000)
-    assert (pic.mode, pic.row_store, pic.queue) == ("pic", "host", 65536)
+    assert (pic.mode, pic.objective) == ("pic", SampledRows(queue_size=65536, row_store="host"))
     modes = planned(tmp_path, "--config", str(repo / "configs/in1k_r50_64gpu.yaml"), "--ranks", "64",
                     "--num-classes", "1000", "--cpu")  # --cpu holds with --config too: no CUDA context is counted
     assert not [name for p in modes.values() for name in p["breakdown"] if "CUDA context" in name]
@@ -233,10 +235,10 @@ def test_a_gpu_plan_without_a_term_runs_the_fused_kernels_and_holds_no_logits():
     logits cache, only their per-sample buffers; CO2 and CPUs keep the chunked workspace."""
     plan = PlanInput(mode="dhp", num_classes=14_197_122, ranks=64, batch=4096, dtype="bfloat16",
                      logits_cache_bytes=64 * GIB, targets=101)
-    fused = classifier_breakdown(plan)
+    fused = objective_breakdown(plan)
     assert plan.fused and fused["logits/activations (chunk workspace)"] == 0 and fused["logits cache"] == 0
     assert 0 < fused["fused kernel buffers"] < 0.2 * GIB  # 133 MiB, 101 target rows gathered 8 at a time
     for chunked_plan in (replace(plan, co2=True), replace(plan, device="cpu"), replace(plan, kernel="chunked")):
-        chunked = classifier_breakdown(chunked_plan)
+        chunked = objective_breakdown(chunked_plan)
         assert not chunked_plan.fused and chunked["fused kernel buffers"] == 0
         assert chunked["logits/activations (chunk workspace)"] > 10 * fused["fused kernel buffers"]

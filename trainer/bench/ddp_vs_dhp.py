@@ -18,12 +18,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from trainer.bench.memory_cap import apply_memory_cap, is_out_of_memory
 from trainer.bench.point_failure import PointFailure
 from trainer.bench.step_runner import FloatDtype, StepSpec, run_steps
 from trainer.observability.memory import peak_since, reset_peak
 from trainer.parallel import init_distributed
 from trainer.parallel.launch import spawn_local_workers
+from trainer.planning.memory_cap import apply_memory_cap, is_out_of_memory
 
 GIB = 2**30
 

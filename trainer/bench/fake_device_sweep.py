@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from trainer.bench.planner import GIB, backbone_breakdown, largest_classes, runtime_breakdown
 from trainer.config import JobConfig
+from trainer.planning import GIB, backbone_breakdown, largest_classes, runtime_breakdown
 
 PAPER = {"ddp": 4_700_000, "dhp": 30_000_000}  # classes at 64 x V100-32GB (the paper's Figure 3)
 # Batches are drawn from the first 2^24 ids: the sampler's permutation of N ids is real host memory
@@ -56,7 +56,7 @@ def _job(sweep: FakeSweep, mode: str) -> JobConfig:
 
 def _rest_of_the_rank(config: JobConfig, sweep: FakeSweep) -> int:
     """Backbone, ZeRO, DALI and runtime bytes per rank by the planner's formula (independent of N)."""
-    from trainer.bench.plan_from_config import plan_input_from_config
+    from trainer.planning.plan_from_config import plan_input_from_config
 
     plan = plan_input_from_config(config, sweep.ranks, sweep.ranks)
     return sum((backbone_breakdown(plan) | runtime_breakdown(plan)).values())
@@ -119,7 +119,7 @@ def largest_fitting(mode: str, cap_bytes: int, sweep: FakeSweep, progress=None) 
 
 
 def planned_largest(mode: str, cap_bytes: int, sweep: FakeSweep) -> int:
-    from trainer.bench.plan_from_config import plan_input_from_config
+    from trainer.planning.plan_from_config import plan_input_from_config
 
     return largest_classes(plan_input_from_config(_job(sweep, mode), sweep.ranks, sweep.ranks), cap_bytes)
 

@@ -190,7 +190,7 @@ def run_full(settings: PicBenchSettings, num_classes: int) -> dict:
     """Full-softmax DHP under the cap; where it would fit but a step takes too long
     (beyond ``full_max_classes``) it is not run."""
     from trainer.bench.ddp_vs_dhp import SweepSettings, run_point
-    from trainer.bench.planner import PlanInput, total
+    from trainer.planning import PlanInput, total
 
     need = total(PlanInput(mode="dhp", num_classes=num_classes, ranks=1, batch=settings.batch, dim=settings.dim,
                            chunk_size=settings.chunk_size, device="cpu"))

@@ -39,9 +39,9 @@ def register(commands) -> None:
 
 
 def _run_dry_run(args: argparse.Namespace) -> int:
-    from trainer.bench.plan_from_config import num_instances_of
     from trainer.config import load_job_config
     from trainer.dry_run.job import dry_run_job, format_result
+    from trainer.planning.plan_from_config import num_instances_of
 
     config = load_job_config(args.config, args.overrides)
     if args.ranks < 1 or args.steps < 1:

@@ -1,4 +1,5 @@
-"""`instcls plan`: predicted per-GPU memory of a job for DDP, DHP and PIC, and the largest N."""
+"""`instcls plan`: predicted per-GPU memory of a job (its own objective's with --config; DDP, DHP and
+PIC with --num-classes), the largest N, and the ZeRO stage to run."""
 
 from __future__ import annotations
 
@@ -27,8 +28,10 @@ def _positive_float(text: str) -> float:
 def register(commands) -> None:
     from trainer.bench.step_runner import FLOAT_DTYPES
     from trainer.models import backbone_names
+    from trainer.optim import optimizer_names
 
-    parser = commands.add_parser("plan", help="predict per-GPU memory of a job for DDP, DHP and PIC, and the largest N")
+    parser = commands.add_parser("plan", help="predict per-GPU memory of a job (its objective's, or DDP, DHP and PIC), "
+                                              "the largest N, and the ZeRO stage to run")
     parser.add_argument("--config", type=Path,
                         help="plan the job this config describes (backbone, batch per rank, views, D, objective, "
                              "DeepSpeed config, loader); N from its training shards unless --num-classes is given")
@@ -46,11 +49,20 @@ def register(commands) -> None:
     parser.add_argument("--image-size", type=_at_least(1), default=224)
     parser.add_argument("--patch-size", type=_at_least(1),
                         help="ViTs: model.patch_size (default: the name's); the ViT is laid out for --image-size")
-    parser.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2, 3])
+    parser.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2, 3],
+                        help="the stage the breakdown is printed at (every stage is planned, the lowest that fits "
+                        "is recommended)")
+    parser.add_argument("--optimizer", choices=optimizer_names(),
+                        help="the backbone's optimizer, whose state per parameter is planned (default: the config's "
+                        "optim.name, else sgd)")
+    parser.add_argument("--activation-checkpointing", action="store_true",
+                        help="each residual unit keeps only its input, recomputed in the backward (with --config: "
+                        "as if model.activation_checkpointing were true)")
     parser.add_argument("--deepspeed-config", type=Path,
                         help="read the ZeRO stage, its bucket sizes and bf16 from this file (ds_configs/*.json)")
     parser.add_argument("--no-dali", action="store_true", help="the loader decodes on the CPU (no DALI buffers)")
-    parser.add_argument("--no-momentum", action="store_true", help="plain SGD (no momentum buffers)")
+    parser.add_argument("--no-momentum", action="store_true",
+                        help="SGD without momentum (no momentum buffers for the classifier, nor for an SGD backbone)")
     parser.add_argument("--update-in-backward", action="store_true", help="DHP: no full gradient of W")
     parser.add_argument("--gpu-memory-gib", type=_positive_float, default=80.0, help="memory per GPU (or per rank)")
     parser.add_argument("--cpu", action="store_true",
@@ -64,23 +76,32 @@ def register(commands) -> None:
                         help="the classifier's path (auto: the fused Triton kernels on GPUs without CO2)")
     parser.add_argument("--top-k", type=_at_least(0), default=0,
                         help="hard negatives per sample with top-K smoothing (0: none): the fused path's target rows")
-    parser.add_argument("--json", type=Path, help="also write the plan (bytes per term, per mode) to this JSON file")
+    parser.add_argument("--json", type=Path, help="also write the plan (bytes per term, per mode; every ZeRO stage's "
+                        "total and the stage recommended) to this JSON file")
     parser.set_defaults(handler=_run_plan)
 
 
 def _run_plan(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from trainer.bench.planner import GIB, PlanInput, deepspeed_settings, format_plan, plan_modes
     from trainer.engine.deepspeed_setup import load_deepspeed_config
+    from trainer.objectives import NoMemoryPlan
+    from trainer.planning import GIB, PlanInput, deepspeed_settings, format_plan, plan_modes
 
     if args.config is not None:
-        from trainer.bench.plan_from_config import plan_input_from_config
         from trainer.config import load_job_config
+        from trainer.planning.plan_from_config import plan_input_from_config
 
-        plan = plan_input_from_config(load_job_config(args.config, []), args.ranks, args.num_classes)
+        try:
+            plan = plan_input_from_config(load_job_config(args.config, []), args.ranks, args.num_classes)
+        except NoMemoryPlan as error:
+            raise SystemExit(f"instcls plan: {error}") from None
         if args.cpu:
             plan = replace(plan, device="cpu")
+        if args.optimizer is not None:
+            plan = replace(plan, optimizer=args.optimizer)
+        if args.activation_checkpointing:
+            plan = replace(plan, activation_checkpointing=True)
     elif args.num_classes is None:
         raise SystemExit("instcls plan: give --num-classes N, or --config FILE to plan the job a config describes")
     else:
@@ -91,6 +112,7 @@ def _run_plan(args: argparse.Namespace) -> int:
             mode="dhp", num_classes=args.num_classes, ranks=args.ranks, batch=args.batch, dim=args.dim,
             chunk_size=args.chunk_size, logits_cache_bytes=int(args.logits_cache_gib * GIB), dtype=args.dtype,
             momentum=not args.no_momentum, update_in_backward=args.update_in_backward,
+            optimizer=args.optimizer or "sgd", activation_checkpointing=args.activation_checkpointing,
             backbone=None if args.backbone == "none" else args.backbone, image_size=args.image_size,
             img_size=args.image_size if takes_sizes else None, patch_size=args.patch_size,
             views=args.views, zero_stage=args.zero_stage, device="cpu" if args.cpu else "gpu", queue=args.queue,

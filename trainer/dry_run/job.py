@@ -24,7 +24,7 @@ class DryRunResult:
     reports: dict[int, RankReport]
     disagreement: Disagreement | None
     planned: dict[str, int] = field(default_factory=dict)  # the planner's breakdown, {} without a model
-    planned_objective: int | None = None  # the part of it the step executes (classifier / PIC rows)
+    planned_objective: int | None = None  # the part of it the step executes (the objective's memory plan)
 
     @property
     def report(self) -> RankReport:
@@ -69,13 +69,17 @@ def default_compared_ranks(world_size: int, rank: int) -> list[int]:
 
 
 def _planned(config: JobConfig, world_size: int, num_instances: int) -> tuple[dict[str, int], int | None]:
-    from trainer.bench.plan_from_config import plan_input_from_config
-    from trainer.bench.planner import backbone_breakdown, classifier_breakdown, runtime_breakdown
+    """The planner's breakdown of the job and its objective's part, from the objective's own memory
+    plan; ``({}, None)`` for an objective without one (the executed step is shown alone)."""
+    from trainer.objectives import NoMemoryPlan
+    from trainer.planning import backbone_breakdown, objective_breakdown, runtime_breakdown
+    from trainer.planning.plan_from_config import plan_input_from_config
 
-    if getattr(config.objective, "chunk_size", None) is None:  # the planner models the N-way classifiers only
+    try:
+        plan = plan_input_from_config(config, world_size, num_instances)
+    except NoMemoryPlan:
         return {}, None
-    plan = plan_input_from_config(config, world_size, num_instances)
-    objective = classifier_breakdown(plan)
+    objective = objective_breakdown(plan)
     return objective | backbone_breakdown(plan) | runtime_breakdown(plan), sum(objective.values())
 
 
@@ -118,7 +122,8 @@ def format_result(result: DryRunResult, config: JobConfig, source: str) -> str:
                   "DeepSpeed's engine needs a real device)",
                   f"{'  total':<40}{_gib(report.peak_bytes + rest):>10}{_gib(sum(result.planned.values())):>10}"]
     else:
-        lines.append("  (the planner has no model of this objective: only the executed step is shown)")
+        lines.append("  (the objective has no memory plan (ObjectiveConfig.memory_plan): only the executed step is "
+                     "shown)")
     lines.append("")
     stopped = result.stopped
     lines.append("device mismatches and errors: " + ("none" if not stopped else ""))

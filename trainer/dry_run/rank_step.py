@@ -32,7 +32,7 @@ from trainer.dry_run.compiles import Compilation, CompileRecorder
 from trainer.dry_run.fake_cuda import fake_cuda_runtime
 from trainer.dry_run.host_memory import RealHostMemory
 from trainer.dry_run.host_syncs import HostSync, HostSyncRecorder, innermost_project_frame
-from trainer.objectives import ObjectiveContext, OptimSettings, StepViews, View, build_objective
+from trainer.objectives import ObjectiveContext, StepViews, View, build_objective
 from trainer.parallel.dims import DEFAULT_TIMEOUT_S, ParallelDims, build_classifier_groups
 
 GPUS_PER_NODE = 8
@@ -58,8 +58,8 @@ class RankReport:
 
 def engine_dtype_of(config: JobConfig) -> torch.dtype:
     """The backbone's output dtype under the job's DeepSpeed config (what the objective receives)."""
-    from trainer.bench.planner import deepspeed_settings
     from trainer.engine.deepspeed_setup import load_deepspeed_config
+    from trainer.planning import deepspeed_settings
 
     settings = deepspeed_settings(load_deepspeed_config(config.deepspeed_config, config.data.loader.batch_size))
     return torch.bfloat16 if settings["dtype"] == "bfloat16" else torch.float32
@@ -196,8 +196,7 @@ def run_objective_steps(config: JobConfig, dims: ParallelDims, num_instances: in
     inputs = _StepInputs(config, dims, num_instances, engine_dtype_of(config), sampled_ids)
     context = ObjectiveContext(
         dims=dims, num_instances=num_instances, feature_dim=config.model.feature_dim, seed=config.seed,
-        optim=OptimSettings(momentum=config.optim.momentum, weight_decay=config.optim.weight_decay,
-                            skips_nonfinite_steps=config.optim.on_nonfinite == "skip_step"),
+        optim=config.optim.objective_settings(config.optim.on_nonfinite == "skip_step"),  # as the trainer passes it
         views=inputs.layout,
     )
     objective = build_objective(config.objective, context)

@@ -35,14 +35,14 @@ from trainer.config import JobConfig
 from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, load_deepspeed_config
 from trainer.engine.replicated_state import OneNetwork
 from trainer.engine.run_record import RunRecord
-from trainer.engine.schedule import LRSchedule, WeightDecaySchedule, scaled_lr, set_lr, set_weight_decay
+from trainer.engine.schedule import StepSchedules, refuse_an_unused_objective_lr, scaled_lr
 from trainer.engine.step_skipping import StepSkipper
 from trainer.engine.stop_conditions import NonFiniteWatch, StopSignal
 from trainer.engine.training_eval import TrainingEvaluation
 from trainer.failpoints import armed, fail_point, wait_point
 from trainer.models import build_model
 from trainer.models.backbone import model_input
-from trainer.objectives import ObjectiveContext, OptimSettings, StepViews, View, build_objective, objective_parameters
+from trainer.objectives import ObjectiveContext, StepViews, View, build_objective, objective_parameters
 from trainer.observability.logs import JsonlLog
 from trainer.observability.metrics import TrainingMetrics
 from trainer.observability.progress import epoch_bar
@@ -93,12 +93,11 @@ class Trainer:
         self.views = loader_config.view_layout  # the loader's, fixed for the job
         context = ObjectiveContext(
             dims=dims, num_instances=manifest.num_instances, feature_dim=config.model.feature_dim, seed=config.seed,
-            optim=OptimSettings(momentum=config.optim.momentum, weight_decay=config.optim.weight_decay,
-                                skips_nonfinite_steps=self.skip_nonfinite,
-                                backbone_optimizer=config.optim.optimizer_settings()),
+            optim=config.optim.objective_settings(self.skip_nonfinite),
             views=self.views,
         )
         self.objective = build_objective(config.objective, context)
+        refuse_an_unused_objective_lr(config.optim, self.objective, config.objective.name)
 
         reseed(config.seed, 0, 0)  # the same initial backbone on every rank
         model = build_model(config.model)
@@ -120,12 +119,8 @@ class Trainer:
                                          dims.device, train=True)
         self.steps_per_epoch = self.train_loader.steps_per_epoch
         total_steps = config.optim.epochs * self.steps_per_epoch
-        self.schedule = LRSchedule(
-            peak_lr=peak_lr, warmup_steps=round(config.optim.warmup_epochs * self.steps_per_epoch),
-            total_steps=total_steps, min_lr=peak_lr * config.optim.min_lr_ratio,
-        )
-        self.weight_decay_schedule = None if config.optim.weight_decay_end is None else WeightDecaySchedule(
-            config.optim.weight_decay, config.optim.weight_decay_end, total_steps)
+        # The backbone's learning rate and the objective's (optim.objective_base_lr), one shape.
+        self.schedules = StepSchedules.of_job(config.optim, self.global_batch, self.steps_per_epoch)
         self.record.show_progress(config.logging, total_steps, config.max_steps, self.steps_per_epoch)
 
         self.state = TrainerState()
@@ -258,7 +253,7 @@ class Trainer:
                 window = self.record.close_window()  # the throughput, before the syncs below
                 self.nonfinite.check(dims.control_group, state.global_step, str(self.checkpointer.last_complete or ""))
                 self.record.log_step(epoch, state.step_in_epoch, state.global_step, loss,
-                                     self.schedule.lr_at(state.global_step - 1), self.objective, window)
+                                     self.schedules.backbone.lr_at(state.global_step - 1), self.objective, window)
             every = config.checkpoint.every_steps
             if every and state.global_step % every == 0:
                 self.phases.resume()
@@ -300,13 +295,8 @@ class Trainer:
     def _step(self, batch, validate: bool) -> tuple[torch.Tensor, bool | None]:
         """One step; returns its loss and, under ``skip_step``, the SIGTERM agreement it already
         reached (None: not reached yet)."""
-        lr = self.schedule.lr_at(self.state.global_step)
+        self.metrics.lr.set(self.schedules.apply(self.state.global_step, self.backbone_optimizer, self.objective))
         optimizers = self.objective.optimizers()
-        for optimizer in (self.backbone_optimizer, *optimizers):
-            set_lr(optimizer, lr)
-            if self.weight_decay_schedule is not None:
-                set_weight_decay(optimizer, self.weight_decay_schedule.value_at(self.state.global_step))
-        self.metrics.lr.set(lr)
         buffers = self.skipper.before_forward() if self.skip_nonfinite else None
         step = StepViews(views=self._forward_views(batch), instance_ids=batch.instance_ids, valid=batch.valid,
                          global_valid=batch.global_valid, epoch=self.state.epoch, step=self.state.global_step,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from trainer.models.activation_checkpointing import checkpoint_units
 from trainer.models.backbones import check_settings, get_backbone
 from trainer.models.batch_norm_precision import accept_low_precision_parameters
 from trainer.parallel.batch_norm import BATCH_NORM_MODES
@@ -45,6 +46,13 @@ class ModelConfig:
     compile: ``torch.compile`` the network (``nn.Module.compile``: the state dict and checkpoints keep
         their names).  The first steps pay the compile; inductor's cache (``TORCHINDUCTOR_CACHE_DIR``)
         keeps it for later pods.  Opt-in.
+    activation_checkpointing: keep only each residual unit's input for the backward (the registry
+        entry's ``blocks``: ResNet blocks, ViT blocks) and recompute the unit in the backward: the
+        trunk's saved activations drop to the units' inputs plus one unit's (``trainer.models.profile``
+        measures both), for about one more forward of the trunk per step.  Training-mode
+        forwards with grad only; the recomputation leaves BatchNorm running statistics as the
+        first forward left them, and the state dict's names do not change (checkpoints load with
+        it on or off).  See ``trainer.models.activation_checkpointing``.  Off by default.
     batch_norm: how the data-parallel ranks share BatchNorm: "local" (each rank's own batch
         statistics, PIC's and One-Million-Way's choice; the running statistics are averaged over the
         ranks before every evaluation and save, so every rank holds, scores and saves one
@@ -62,6 +70,7 @@ class ModelConfig:
     batch_norm: str = "local"
     channels_last: bool = False
     compile: bool = False
+    activation_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         check_settings(self)  # arch in the registry; the family's own fields only, with values it builds
@@ -69,6 +78,9 @@ class ModelConfig:
             raise ValueError(f"head={self.head!r} is invalid: choose one of {HEADS}")
         if self.head_hidden_dim < 1 or self.feature_dim < 1:
             raise ValueError("head_hidden_dim and feature_dim must be positive")
+        if not isinstance(self.activation_checkpointing, bool):
+            raise ValueError(f"activation_checkpointing={self.activation_checkpointing!r} is invalid: use true "
+                             "(recompute each residual unit in the backward) or false")
         if self.batch_norm not in BATCH_NORM_MODES:
             raise ValueError(f"batch_norm={self.batch_norm!r} is invalid: use local (per-rank statistics, averaged "
                              "before every evaluation and save) or sync (SyncBatchNorm over the ranks, CUDA only)")
@@ -108,6 +120,9 @@ def model_input(images: torch.Tensor, dtype: torch.dtype, config: ModelConfig) -
 
 def build_model(config: ModelConfig) -> InstanceModel:
     """The registry's trunk for ``config.arch`` at random init, with the head on top."""
-    trunk = get_backbone(config.arch).build(config)
+    backbone = get_backbone(config.arch)
+    trunk = backbone.build(config)
+    if config.activation_checkpointing:
+        checkpoint_units(backbone.blocks(trunk.module))
     # BatchNorm that a bf16 DeepSpeed engine can run (bf16 parameters, fp32 statistics)
     return accept_low_precision_parameters(InstanceModel(trunk.module, trunk.width, config))

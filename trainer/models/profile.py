@@ -9,7 +9,7 @@ runs, with every saved tensor counted once (``saved_tensors_hooks``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import torch
@@ -53,6 +53,9 @@ class ModelProfile:
 
 @lru_cache(maxsize=64)
 def model_profile(config: ModelConfig, image_size: int) -> ModelProfile:
+    # The network as it is, every unit's saved tensors counted where they are made, whether or not
+    # the job checkpoints them (checkpointed_activation_bytes derives that case from these figures).
+    config = replace(config, activation_checkpointing=False)
     with torch.device("meta"):
         model = build_model(config)
         images = torch.empty(PROFILE_BATCH, 3, image_size, image_size)

@@ -17,6 +17,13 @@ from trainer.objectives.base import (
     register_objective,
 )
 from trainer.objectives.instance.objective import InstanceConfig, InstanceObjective
+from trainer.objectives.memory_plan import (
+    ClassifierRows,
+    NoMemoryPlan,
+    ObjectiveMemoryPlan,
+    Prototypes,
+    SampledRows,
+)
 from trainer.objectives.pic.objective import PicConfig, PicObjective
 from trainer.objectives.swav.objective import SwavConfig, SwavObjective
 
@@ -33,18 +40,23 @@ def default_objective_config() -> ObjectiveConfig:
 
 
 __all__ = [
+    "ClassifierRows",
     "DEFAULT_OBJECTIVE",
     "OBJECTIVES",
     "default_objective_config",
     "InstanceConfig",
     "InstanceObjective",
     "LossOut",
+    "NoMemoryPlan",
     "Objective",
     "ObjectiveConfig",
     "ObjectiveContext",
+    "ObjectiveMemoryPlan",
     "OptimSettings",
     "PicConfig",
     "PicObjective",
+    "Prototypes",
+    "SampledRows",
     "SwavConfig",
     "SwavObjective",
     "ShardedRows",

@@ -13,6 +13,10 @@ A minimal objective (a replicated linear classifier over instance ids)::
     class LinearConfig(ObjectiveConfig):
         name: str = "linear"
 
+        def memory_plan(self, views):  # for `instcls plan` and the dry run (no objective is built)
+            # W, its gradient and momentum on every rank, and all its logits
+            return ClassifierRows(sharded=False, kernel="chunked", logits_cache_bytes=2**62)
+
     class Linear(Objective):
         def __init__(self, config, context):
             super().__init__(config, context)
@@ -50,6 +54,7 @@ import torch
 import torch.distributed as dist
 
 from data_pipeline.contract import AugmentConfig, StepIndices, ViewLayout
+from trainer.objectives.memory_plan import NoMemoryPlan, ObjectiveMemoryPlan
 from trainer.optim import OptimizerSettings
 from trainer.parallel import ParallelDims
 from trainer.parallel.sharded_state import ShardedRows  # noqa: F401 (objectives build their state with it)
@@ -69,6 +74,17 @@ class ObjectiveConfig:
         """Settings that shape this objective's saved state: a resume under other values is refused
         (``trainer.checkpoint.run_fingerprint``)."""
         return ("name",)
+
+    def memory_plan(self, views: ViewLayout) -> ObjectiveMemoryPlan:
+        """What this objective keeps per rank beside the backbone, for ``instcls plan`` and the dry
+        run: one of ``trainer.objectives.memory_plan``'s descriptions, from the settings alone (no
+        objective is built).  ``views``: the job's view layout.  Without one the planner refuses the
+        objective rather than plan it as another."""
+        raise NoMemoryPlan(
+            f"objective {self.name!r} has no memory plan: implement ObjectiveConfig.memory_plan in "
+            f"{type(self).__name__}, returning the description of what it keeps beside the backbone "
+            "(trainer.objectives.memory_plan: ClassifierRows, SampledRows, Prototypes, or a new one with its "
+            "arithmetic in trainer.planning.objective_memory)")
 
 
 @dataclass(frozen=True)
@@ -154,7 +170,15 @@ class Objective:
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         """Optimizers of this objective's parameters, stepped by the trainer after
-        ``after_backward`` with the learning rate of the shared schedule."""
+        ``after_backward``; the trainer sets their learning rate each step from the objective's
+        schedule (``optim.objective_base_lr``; the backbone's when unset), except for those of
+        ``backbone_lr_optimizers``."""
+        return []
+
+    def backbone_lr_optimizers(self) -> list[torch.optim.Optimizer]:
+        """Those of ``optimizers()`` built from ``OptimSettings.backbone_optimizer``: parameters a
+        method's paper steps with the model's optimizer (SwAV's prototypes) take the backbone's
+        learning rate, as they would inside that optimizer."""
         return []
 
     def on_train_start(self, encode: Callable[[torch.Tensor], torch.Tensor],

@@ -16,9 +16,9 @@ def predicted_bytes(settings: RehearsalSettings, ranks: int, batch_per_rank: int
     """The DHP total and its breakdown per rank, through the code behind `instcls plan --config`."""
     from dataclasses import replace
 
-    from trainer.bench.plan_from_config import plan_input_from_config
-    from trainer.bench.planner import predict
     from trainer.config import load_job_config
+    from trainer.planning import predict
+    from trainer.planning.plan_from_config import plan_input_from_config
 
     config = load_job_config(settings.config, [*settings.job_overrides(), f"data.loader.batch_size={batch_per_rank}"])
     plan = replace(plan_input_from_config(config, ranks, settings.images), device="cpu")

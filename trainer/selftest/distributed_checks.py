@@ -169,9 +169,9 @@ def bf16_zero2_step(dims) -> CheckResult:
 
 def _planned_allocations(model_config, classifier_config, ds_config: dict, ranks: int, batch: int) -> int:
     """``instcls plan``'s bytes for this step that the caching allocator serves (no context, no DALI)."""
-    from trainer.bench import planner
+    from trainer import planning
 
-    plan = planner.PlanInput(
+    plan = planning.PlanInput(
         mode="dhp",
         num_classes=classifier_config.num_classes,
         ranks=ranks,
@@ -181,9 +181,9 @@ def _planned_allocations(model_config, classifier_config, ds_config: dict, ranks
         backbone=model_config.arch,
         views=1,
         dali=False,
-        **planner.deepspeed_settings(ds_config),
+        **planning.deepspeed_settings(ds_config),
     )
-    return sum(size for part, size in planner.predict(plan).items() if not part.startswith("buffers"))
+    return sum(size for part, size in planning.predict(plan).items() if not part.startswith("buffers"))
 
 
 bf16_zero2_step.row_name = BF16_STEP  # merged rows take check_name (its function name would be "bf16 zero2 step")

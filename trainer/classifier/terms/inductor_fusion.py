@@ -12,10 +12,12 @@ hundreds of times per step, and with dynamo's frame evaluation and guards a call
 (shapes, strides, dtypes, devices of the tensors; the values of every other argument, which are
 baked into the graph and must be hashable).
 
-Compilation costs a few seconds per new signature (the last, shorter chunk adds one), cached on
-disk under ``TORCHINDUCTOR_CACHE_DIR``.  ``Fused.prepare`` compiles ahead of the first call: a
-function the backward runs is prepared during the forward, so inductor never compiles inside
-the backward (on CUDA that is autograd's own thread, mid-step).
+Compilation costs a few seconds per new signature (the last, shorter chunk adds one).  Inductor's
+FX graph cache keeps each compiled graph on disk under ``TORCHINDUCTOR_CACHE_DIR``: another process
+with the same signature (the job's other ranks, a restarted pod with the cache on a volume) loads
+it in a fraction of a second instead of generating its code again.  ``Fused.prepare`` compiles
+ahead of the first call: a function the backward runs is prepared during the forward, so inductor
+never compiles inside the backward (on CUDA that is autograd's own thread, mid-step).
 
 When compiling fails on a CPU rank (no C++ compiler), the first call logs why and the function runs
 eagerly from then on: slower, same numbers.  On an accelerator the failure is an error: the eager
@@ -32,7 +34,10 @@ import time
 from typing import Callable
 
 import torch
+from torch._guards import TracingContext, tracing
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +64,11 @@ def compile_for(fn: Callable, args: tuple) -> Callable:
         # On fake copies of the inputs: a "real" trace would run the eager function on the chunk,
         # its ~25 chunk-sized temporaries alive at once (12 GiB at ImageNet-21K's chunk shape).
         graph = make_fx(on_tensors, tracing_mode="fake")(*example)
-        return torch._inductor.compile(graph, example)
+        # Inductor keys its FX graph cache on the tracing context's shape environment and bypasses the
+        # cache without one (as a bare `torch._inductor.compile` has): the context makes a later
+        # process (another rank, the next pod) load the compiled graph instead of generating it again.
+        with tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv()))):
+            return torch._inductor.compile(graph, example)
 
 
 def _on_accelerator(args: tuple) -> bool:

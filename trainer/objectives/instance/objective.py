@@ -24,10 +24,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from data_pipeline.contract import ViewLayout
 from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
 from trainer.classifier.classifier_config import ClassifierSettings
 from trainer.classifier.hard_negatives import HardNegativeIndex, search_hard_negatives
 from trainer.objectives.base import LossOut, Objective, ObjectiveConfig, ObjectiveContext, ShardedRows, StepViews
+from trainer.objectives.memory_plan import ClassifierRows
 from trainer.parallel.collectives import gather_rows
 
 
@@ -50,6 +52,12 @@ class InstanceConfig(ClassifierSettings, ObjectiveConfig):
     contrastive_prior: bool = True
     smoothing_start_epoch: int = 0
     update_in_backward: bool = False
+
+    def memory_plan(self, views: ViewLayout) -> ClassifierRows:
+        return ClassifierRows(sharded=self.mode == "dhp", chunk_size=self.chunk_size,
+                              logits_cache_bytes=self.logits_cache_bytes, kernel=self.kernel,
+                              hard_negatives=self.top_k if self.smoothing_alpha > 0 else 0,
+                              co2=self.term(views) is not None, update_in_backward=self.update_in_backward)
 
     def checks(self) -> list[tuple[bool, str, str]]:
         return [

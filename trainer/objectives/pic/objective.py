@@ -26,13 +26,14 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from data_pipeline.contract import StepIndices, to_device
+from data_pipeline.contract import StepIndices, ViewLayout, to_device
 from trainer.classifier.classifier_config import HeadSettings
 from trainer.classifier.head import CosineHead
 from trainer.classifier.kernel.chunked import KernelSettings
 from trainer.classifier.sharded_classifier import gaussian_rows
 from trainer.classifier.sharding import ClassShard
 from trainer.objectives.base import LossOut, Objective, ObjectiveConfig, ObjectiveContext, ShardedRows, StepViews
+from trainer.objectives.memory_plan import SampledRows
 from trainer.objectives.pic.lazy_sgd import LazyRowSGD
 from trainer.objectives.pic.recent_ids import RecentIds, sorted_union
 from trainer.objectives.pic.row_store import STORE_KINDS, make_row_store
@@ -82,6 +83,10 @@ class PicConfig(HeadSettings, ObjectiveConfig):
              "a disk row store needs a directory on a local disk (e.g. /scratch/instcls-rows)"),
             (self.row_dtype in ROW_DTYPES, "row_dtype", f"choose one of {ROW_DTYPES}"),
         ]
+
+    def memory_plan(self, views: ViewLayout) -> SampledRows:
+        return SampledRows(queue_size=self.queue_size, row_store=self.row_store, chunk_size=self.chunk_size,
+                           kernel=self.kernel, co2=self.term(views) is not None, all_negatives=self.negatives == "all")
 
 
 def kernel_settings(config: PicConfig, num_instances: int, classifier_ranks: int) -> KernelSettings:

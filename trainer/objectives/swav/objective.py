@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from data_pipeline.contract import ViewLayout
 from trainer.checks import raise_first_invalid
 from trainer.objectives.base import (
     LossOut,
@@ -40,6 +41,7 @@ from trainer.objectives.base import (
     StepViews,
     average_gradients,
 )
+from trainer.objectives.memory_plan import Prototypes
 from trainer.objectives.swav.sinkhorn import distributed_sinkhorn
 from trainer.optim import build_optimizer
 from trainer.parallel.collectives import CommTimer, all_reduce_
@@ -78,6 +80,10 @@ class SwavConfig(ObjectiveConfig):
 
     def fingerprint_fields(self) -> tuple[str, ...]:
         return ("name", "num_prototypes", "queue_length")
+
+    def memory_plan(self, views: ViewLayout) -> Prototypes:
+        return Prototypes(num_prototypes=self.num_prototypes, queue_length=self.queue_length,
+                          global_views=views.global_views, sinkhorn_dtype=self.sinkhorn_dtype)
 
     def __post_init__(self) -> None:
         checks = [
@@ -131,6 +137,9 @@ class SwavObjective(Objective):
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return [self.optimizer]
+
+    def backbone_lr_optimizers(self) -> list[torch.optim.Optimizer]:
+        return [] if self.context.optim.backbone_optimizer is None else [self.optimizer]
 
     def on_epoch_start(self, epoch: int) -> None:
         share = self.config.queue_length // self.context.dims.world_size

@@ -1,15 +1,16 @@
 """`instcls plan --config FILE`: the planner's inputs read from a job config instead of flags.
 
 What the config cannot say comes from the command line: the number of ranks (a launch-time
-choice) and, when the config's training shards are not on this machine, N.
+choice) and, when the config's training shards are not on this machine, N.  The objective's side is
+its own description (``ObjectiveConfig.memory_plan``); an objective without one is refused.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from trainer.bench.planner import PlanInput, deepspeed_settings
 from trainer.config import JobConfig
+from trainer.planning.plan_input import PlanInput, deepspeed_settings
 
 
 def num_instances_of(config: JobConfig, num_classes: int | None) -> int:
@@ -26,26 +27,25 @@ def num_instances_of(config: JobConfig, num_classes: int | None) -> int:
 
 
 def plan_input_from_config(config: JobConfig, ranks: int, num_classes: int | None) -> PlanInput:
-    """Every view is counted at the global crop's size (an upper bound for multi-crop's local views)."""
+    """Every view at its own side (multi-crop's small crops are smaller).  N is read (or asked for) only
+    when the objective's memory depends on it."""
     from trainer.engine.deepspeed_setup import load_deepspeed_config
 
-    objective, loader = config.objective, config.data.loader
-    pic = objective.name == "pic"
+    loader = config.data.loader
+    objective = config.objective.memory_plan(loader.view_layout)
     settings = deepspeed_settings(load_deepspeed_config(config.deepspeed_config, loader.batch_size))
     return PlanInput(
-        mode="pic" if pic else getattr(objective, "mode", "dhp"), num_classes=num_instances_of(config, num_classes),
+        mode=objective.kind, objective=objective,
+        num_classes=num_instances_of(config, num_classes) if objective.grows_with_instances else num_classes or 0,
         ranks=ranks, batch=loader.batch_size * ranks, dim=config.model.feature_dim,
-        chunk_size=getattr(objective, "chunk_size", 65536),
-        logits_cache_bytes=getattr(objective, "logits_cache_bytes", 0),
-        momentum=config.optim.momentum > 0, update_in_backward=getattr(objective, "update_in_backward", False),
+        momentum=config.optim.momentum > 0, optimizer=config.optim.name,
+        activation_checkpointing=config.model.activation_checkpointing,
         backbone=config.model.arch, head_hidden_dim=config.model.head_hidden_dim,
         img_size=config.model.img_size, patch_size=config.model.patch_size,
-        image_size=max(loader.view_layout.sides), views=len(loader.view_layout.kinds),
+        image_size=max(loader.view_layout.sides), views=loader.view_layout.num_views,
+        view_sides=tuple(loader.view_layout.sides),
         device="cpu" if config.parallel.device == "cpu" else "gpu",
-        queue=getattr(objective, "queue_size", 65536), row_store=getattr(objective, "row_store", "host"),
-        co2=getattr(objective, "co2_alpha", 0.0) > 0, dali=loader.backend == "dali",
-        dali_prefetch=loader.prefetch_depth, kernel=getattr(objective, "kernel", "auto"),
-        targets=1 + (getattr(objective, "top_k", 0) if getattr(objective, "smoothing_alpha", 0.0) > 0 else 0),
+        dali=loader.backend == "dali", dali_prefetch=loader.prefetch_depth,
         checkpoints=bool(config.checkpoint.every_steps or config.checkpoint.every_epochs),
         **settings,
     )
