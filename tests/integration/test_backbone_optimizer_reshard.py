@@ -37,8 +37,9 @@ def _global_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _run(stage: int, steps: list[int], resume: str | None, save_to: str | None, result: str | None,
-         forget_momentum: bool) -> None:
-    """Train ``steps`` (each rank its slice of the global batch), resuming and saving as asked."""
+         forget_momentum: bool, save_early: tuple[int, str] | None) -> None:
+    """Train ``steps`` (each rank its slice of the global batch), resuming and saving as asked;
+    ``save_early``: (steps done, folder), a checkpoint on the way too."""
     dims = init_distributed()
     local = GLOBAL_BATCH // dims.world_size
     config = load_deepspeed_config(REPO / "ds_configs" / f"zero{stage}.json", micro_batch=local)
@@ -54,6 +55,8 @@ def _run(stage: int, steps: list[int], resume: str | None, save_to: str | None, 
         loss = nn.functional.mse_loss(engine(inputs[mine]), targets[mine])
         engine.backward(loss)
         engine.step()
+        if save_early is not None and step + 1 == save_early[0]:
+            save_checkpoint(Path(save_early[1]), step + 1, {"engine": EngineState(engine)}, dims, keep=1)
     if save_to is not None:
         save_checkpoint(Path(save_to), steps[-1] + 1, {"engine": EngineState(engine)}, dims, keep=1)
     momentum = full_optimizer_state(engine, keep=dims.rank == 0)
@@ -62,10 +65,11 @@ def _run(stage: int, steps: list[int], resume: str | None, save_to: str | None, 
 
 
 def _train(stage: int, ranks: int, steps: list[int], resume: Path | None = None, save_to: Path | None = None,
-           result: Path | None = None, forget_momentum: bool = False) -> None:
+           result: Path | None = None, forget_momentum: bool = False,
+           save_early: tuple[int, Path] | None = None) -> None:
     spawn_local_workers(_run, ranks, stage, steps, None if resume is None else str(resume),
                         None if save_to is None else str(save_to), None if result is None else str(result),
-                        forget_momentum)
+                        forget_momentum, None if save_early is None else (save_early[0], str(save_early[1])))
 
 
 def _latest(directory: Path) -> Path:
@@ -76,9 +80,12 @@ def _weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     return torch.load(checkpoint / "model.pt", weights_only=True)
 
 
-def _resharded_2_1_2(stage: int, tmp_path: Path, forget_momentum: bool = False) -> Path:
-    first, second, third = (tmp_path / name for name in ("on_two", "on_one", "back_on_two"))
-    _train(stage, 2, [0, 1], save_to=first)
+def _resharded_2_1_2(stage: int, tmp_path: Path, forget_momentum: bool = False, first: Path | None = None) -> Path:
+    """``first``: the checkpoint after 2 steps on 2 ranks, when the reference run saved it on its way."""
+    second, third = tmp_path / "on_one", tmp_path / "back_on_two"
+    if first is None:
+        first = tmp_path / "on_two"
+        _train(stage, 2, [0, 1], save_to=first)
     _train(stage, 1, [2, 3], resume=_latest(first), save_to=second,
            forget_momentum=forget_momentum)
     _train(stage, 2, [4, 5], resume=_latest(second), save_to=third,
@@ -89,10 +96,11 @@ def _resharded_2_1_2(stage: int, tmp_path: Path, forget_momentum: bool = False) 
 # ZeRO-2 (partitioned optimizer state) in `make test`; the other stages in the slow run.
 @pytest.mark.parametrize("stage", [2, *(pytest.param(stage, marks=pytest.mark.slow) for stage in (0, 1, 3))])
 def test_steps_after_2_1_2_resharding_equal_the_same_steps_unresharded(stage, tmp_path):
-    reference_dir = tmp_path / "reference"
-    _train(stage, 2, list(range(6)), save_to=reference_dir, result=tmp_path / "reference_state.pt")
+    reference_dir, after_two = tmp_path / "reference", tmp_path / "reference_after_2"
+    _train(stage, 2, list(range(6)), save_to=reference_dir, result=tmp_path / "reference_state.pt",
+           save_early=(2, after_two))  # the resharded path starts from the reference's own step 2
     reference = _latest(reference_dir)
-    resharded = _resharded_2_1_2(stage, tmp_path / "resharded")
+    resharded = _resharded_2_1_2(stage, tmp_path / "resharded", first=after_two)
     assert resharded.name == reference.name
 
     state = torch.load(tmp_path / "resharded" / "state.pt", weights_only=True)

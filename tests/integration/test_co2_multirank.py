@@ -2,10 +2,15 @@
 that build the full distributions over the other rows with ``torch.softmax`` and ``F.kl_div``
 (``tests.helpers.reference``): the kernel at T = 1, 2, 3 (chunks that do not divide the shard, label
 smoothing on and off, the logits cache, sampled rows), the instance classifier's total loss with
-padding, and a ``pic`` step over its sampled rows.  The term adds no collective."""
+padding, and a ``pic`` step over its sampled rows.  The term adds no collective.
+
+The chunk math runs eagerly here (``compiled=False``): what is checked is the distributed math, and
+inductor's compilation of the same functions is checked against the eager code on its own
+(tests/unit/test_co2_kernel.py), where it costs one process's compile instead of every rank's."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 from unittest import mock
 
@@ -55,7 +60,7 @@ def _check_kernel(views: int, global_views: int):
     # Upstream gradients of both outputs, negative ones included (the kernel flips such columns).
     grad_loss = torch.rand(batch, generator=generator, dtype=torch.float64) * 2 - 1
     grad_term = torch.rand(batch, generator=generator, dtype=torch.float64) * 2 - 1
-    term_in_kernel = ConsistencyTerm(ConsistencySettings(TAU_CON, views, global_views))
+    term_in_kernel = ConsistencyTerm(ConsistencySettings(TAU_CON, views, global_views, compiled=False))
     for smoothing, cache, chunk, sampled in itertools.product([0.0, 0.2], [0, 1 << 20], [5, 7], [False, True]):
         label = f"T={world} rank {rank} views={views}/{global_views} alpha={smoothing} cache={cache} chunk={chunk} " \
                 f"sampled={sampled}"
@@ -124,7 +129,17 @@ def test_three_global_views_average_over_their_pairs():
 ALPHA = 0.3
 
 
+def _eager_co2():
+    """The classifier builds its CO2 term with the chunk math run eagerly (see the module docstring)."""
+    return mock.patch.object(ConsistencyTerm, "for_views", functools.partial(ConsistencyTerm.for_views, compiled=False))
+
+
 def _check_classifier_total_loss():
+    with _eager_co2():
+        _classifier_total_loss()
+
+
+def _classifier_total_loss():
     dims = init_distributed()
     rank, world = dims.rank, dims.world_size
     generator = torch.Generator().manual_seed(3)

@@ -112,16 +112,18 @@ def _checkpoint_state(run_dir):
     return checkpoint, objective, model
 
 
-def test_a_toy_objective_trains_checkpoints_and_resumes_exactly(digits_split, tmp_path):
+def test_a_toy_objective_trains_checkpoints_and_resumes_exactly(tiny_digits_split, tmp_path):
+    """128 digits in batches of 2 x 32: 2 steps an epoch, so the resume at step 3 is mid-epoch."""
     interrupted, uninterrupted = tmp_path / "interrupted", tmp_path / "uninterrupted"
-    spawn_local_workers(_train, 2, str(interrupted), digits_split, ["max_steps=5"], "none")
-    spawn_local_workers(_train, 2, str(interrupted), digits_split, ["max_steps=9"], "auto")
-    spawn_local_workers(_train, 2, str(uninterrupted), digits_split, ["max_steps=9"], "none")
+    small = ["data.loader.batch_size=32"]
+    spawn_local_workers(_train, 2, str(interrupted), tiny_digits_split, [*small, "max_steps=3"], "none")
+    spawn_local_workers(_train, 2, str(interrupted), tiny_digits_split, [*small, "max_steps=6"], "auto")
+    spawn_local_workers(_train, 2, str(uninterrupted), tiny_digits_split, [*small, "max_steps=6"], "none")
 
     resumed, objective_a, model_a = _checkpoint_state(interrupted)
     reference, objective_b, model_b = _checkpoint_state(uninterrupted)
-    assert resumed.name == reference.name == "step_000000009"
-    assert objective_a["steps_seen"] == objective_b["steps_seen"] == 9
+    assert resumed.name == reference.name == "step_000000006"
+    assert objective_a["steps_seen"] == objective_b["steps_seen"] == 6
     assert torch.equal(objective_a["weight"]["rows"], objective_b["weight"]["rows"])
     assert torch.equal(objective_a["momentum"]["rows"], objective_b["momentum"]["rows"])
     for key in model_a:
