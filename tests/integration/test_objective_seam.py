@@ -9,6 +9,7 @@ schedule.  The trainer runs in spawned ranks (gloo) so that the registration bel
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 
 import pytest
@@ -113,12 +114,13 @@ def _checkpoint_state(run_dir):
 
 
 def test_a_toy_objective_trains_checkpoints_and_resumes_exactly(tiny_digits_split, tmp_path):
-    """128 digits in batches of 2 x 32: 2 steps an epoch, so the resume at step 3 is mid-epoch."""
+    """128 digits in batches of 2 x 32: 2 steps an epoch, so the resume at step 3 is mid-epoch.  The
+    uninterrupted run saves at step 3 on its way; another run resumes from that checkpoint alone."""
     interrupted, uninterrupted = tmp_path / "interrupted", tmp_path / "uninterrupted"
-    small = ["data.loader.batch_size=32"]
-    spawn_local_workers(_train, 2, str(interrupted), tiny_digits_split, [*small, "max_steps=3"], "none")
-    spawn_local_workers(_train, 2, str(interrupted), tiny_digits_split, [*small, "max_steps=6"], "auto")
+    small = ["data.loader.batch_size=32", "checkpoint.every_steps=3", "logging.log_every=1"]
     spawn_local_workers(_train, 2, str(uninterrupted), tiny_digits_split, [*small, "max_steps=6"], "none")
+    shutil.copytree(uninterrupted / "checkpoints" / "step_000000003", interrupted / "checkpoints" / "step_000000003")
+    spawn_local_workers(_train, 2, str(interrupted), tiny_digits_split, [*small, "max_steps=6"], "auto")
 
     resumed, objective_a, model_a = _checkpoint_state(interrupted)
     reference, objective_b, model_b = _checkpoint_state(uninterrupted)
@@ -132,3 +134,5 @@ def test_a_toy_objective_trains_checkpoints_and_resumes_exactly(tiny_digits_spli
     assert not torch.allclose(objective_a["weight"]["rows"], initial), "the toy classifier never trained"
     log = [json.loads(line) for line in (uninterrupted / "logs" / "rank-00000.jsonl").read_text().splitlines()]
     assert any("objective_steps_seen" in entry for entry in log if entry["event"] == "step")
+    resumed_log = [json.loads(line) for line in (interrupted / "logs" / "rank-00000.jsonl").read_text().splitlines()]
+    assert [entry["step"] for entry in resumed_log if entry["event"] == "step"] == [4, 5, 6]  # it resumed at 3
