@@ -14,7 +14,7 @@ from torch import nn
 
 from trainer.checkpoint.run_fingerprint import run_fingerprint
 from trainer.config import ConfigError, load_job_config
-from trainer.engine.schedule import LRSchedule, StepSchedules, refuse_an_unused_objective_lr, scaled_lr
+from trainer.engine.schedule import LRSchedule, StepSchedules, refuse_unused_objective_settings, scaled_lr
 from trainer.objectives import InstanceConfig, ObjectiveContext, OptimSettings, PicConfig, SwavConfig, build_objective
 from trainer.optim import OptimizerSettings, build_optimizer
 from trainer.parallel import single_process_dims
@@ -98,13 +98,13 @@ def test_swav_prototypes_stepped_by_the_backbones_optimizer_keep_the_backbones_l
         assert objective_lrs == [backbone_lr] * len(objective_lrs)
     with pytest.raises(ValueError, match=r"optim.objective_base_lr=0.5 is set, but objective.name='swav' steps all "
                                          r"its parameters with the backbone's optimizer"):
-        refuse_an_unused_objective_lr(setting.optim, swav, "swav")
+        refuse_unused_objective_settings(setting.optim, swav, "swav")
     decay = _job(tmp_path, OPTIM + ", objective_weight_decay: 0.0001}")
     with pytest.raises(ValueError, match=r"optim.objective_weight_decay=0.0001 is set, but objective.name='swav'"):
-        refuse_an_unused_objective_lr(decay.optim, swav, "swav")
-    refuse_an_unused_objective_lr(job.optim, swav, "swav")  # unset: nothing to refuse
+        refuse_unused_objective_settings(decay.optim, swav, "swav")
+    refuse_unused_objective_settings(job.optim, swav, "swav")  # unset: nothing to refuse
     for optim in (setting.optim, decay.optim):
-        refuse_an_unused_objective_lr(optim, _objective(InstanceConfig(top_k=2)), "instance")
+        refuse_unused_objective_settings(optim, _objective(InstanceConfig(top_k=2)), "instance")
 
 
 def test_the_classifier_rows_take_their_own_weight_decay_and_the_backbone_keeps_its_own(tmp_path):

@@ -103,7 +103,7 @@ class StepSchedules:
         return backbone_lr
 
 
-def refuse_an_unused_objective_lr(optim, objective, objective_name: str) -> None:
+def refuse_unused_objective_settings(optim, objective, objective_name: str) -> None:
     """``optim.objective_base_lr`` or ``optim.objective_weight_decay`` set for an objective whose every
     optimizer is the backbone's kind (SwAV) would change nothing: refused, naming the fix, rather
     than ignored."""

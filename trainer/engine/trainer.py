@@ -35,7 +35,7 @@ from trainer.config import JobConfig
 from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, load_deepspeed_config
 from trainer.engine.replicated_state import OneNetwork
 from trainer.engine.run_record import RunRecord
-from trainer.engine.schedule import StepSchedules, refuse_an_unused_objective_lr, scaled_lr
+from trainer.engine.schedule import StepSchedules, refuse_unused_objective_settings, scaled_lr
 from trainer.engine.step_skipping import StepSkipper
 from trainer.engine.stop_conditions import NonFiniteWatch, StopSignal
 from trainer.engine.training_eval import TrainingEvaluation
@@ -97,7 +97,7 @@ class Trainer:
             views=self.views,
         )
         self.objective = build_objective(config.objective, context)
-        refuse_an_unused_objective_lr(config.optim, self.objective, config.objective.name)
+        refuse_unused_objective_settings(config.optim, self.objective, config.objective.name)
 
         reseed(config.seed, 0, 0)  # the same initial backbone on every rank
         model = build_model(config.model)
