@@ -14,9 +14,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBS = {
-    "configmap-in1k.yaml": ("configs/in1k_r50_64gpu.yaml", "ds_configs/zero1_bf16.json"),
-    "configmap-in21k.yaml": ("configs/in21k_r50_64gpu.yaml", "ds_configs/zero2_bf16.json"),
-    "configmap-pic-in1k.yaml": ("configs/pic_in1k_r50.yaml", "ds_configs/zero1_bf16.json"),
+    "configmap-in1k.yaml": ("configs/in1k_r50_64gpu.yaml", "ds_configs/zero0_autocast_bf16.json"),
+    "configmap-in21k.yaml": ("configs/in21k_r50_64gpu.yaml", "ds_configs/zero0_autocast_bf16.json"),
+    "configmap-pic-in1k.yaml": ("configs/pic_in1k_r50.yaml", "ds_configs/zero0_autocast_bf16.json"),
 }
 DASHBOARD = "k8s/grafana/instcls-dashboard.json"
 

@@ -22,7 +22,9 @@ the background writer ``checkpoint.after_engine`` (DeepSpeed files written, the 
 kills the whole rank, as a node loss would, while training may be running on.
 
 One point corrupts instead of killing: ``train.nan_features`` (``armed``) makes the rank's
-features of that step NaN, as a bad batch or an overflow in the backbone would.  One waits:
+features of that step NaN, as a bad batch or an overflow in the backbone would; ``train.inf_gradient``
+keeps the features and the loss finite and makes their gradient infinite, as an overflow in the
+backward would.  One waits:
 ``train.wait_for_sigterm`` (``wait_point``, after the backward) holds the rank until it has had
 SIGTERM, so that a drill's SIGTERM lands mid-run however fast or slow the machine's steps are.
 """
@@ -44,6 +46,7 @@ POINTS = (
     "checkpoint.before_rename",
     "checkpoint.after_rename",
     "train.nan_features",
+    "train.inf_gradient",
     "train.wait_for_sigterm",
 )
 

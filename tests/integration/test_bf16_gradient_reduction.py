@@ -3,7 +3,8 @@ fp32, not bf16.
 
 Two ranks hold gradients 1 and 2^-9 of one weight: in bf16 their sum rounds back to 1 (8 bits of
 mantissa), in fp32 it is exact.  After one SGD step of learning rate 1 the fp32 master weight must
-be -(1 + 2^-9) / 2 (stages 1-3; without ZeRO the engine's communication dtype is checked)."""
+be -(1 + 2^-9) / 2 (stages 1-3, and stage 0 under torch.autocast, whose weights are the fp32 masters;
+without ZeRO the bf16 engine's communication dtype is checked)."""
 
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ REPO = Path(__file__).resolve().parents[2]
 SMALL = 2.0**-9  # exact in bf16, below bf16's resolution next to 1
 
 
-def _one_step(stage: int, result_file: str) -> None:
+def _one_step(name: str, result_file: str) -> None:
     dims = init_distributed()
-    config = load_deepspeed_config(REPO / "ds_configs" / f"zero{stage}_bf16.json", micro_batch=1)
+    config = load_deepspeed_config(REPO / "ds_configs" / f"{name}.json", micro_batch=1)
     model = nn.Linear(1, 1, bias=False)
     nn.init.zeros_(model.weight)
     engine, _ = initialize_backbone(model, config, lr=1.0, momentum=0.0, weight_decay=0.0)
@@ -34,9 +35,14 @@ def _one_step(stage: int, result_file: str) -> None:
     x = torch.tensor([[1.0 if dims.rank == 0 else SMALL]], dtype=torch.bfloat16)
     engine.backward(engine(x).float().sum())  # d(loss)/d(weight) = x on each rank
     engine.step()
-    if stage == 0:  # bf16 gradients, no fp32 master DeepSpeed would hand out (see ds_configs/zero0_bf16.json)
+    if name == "zero0_bf16":  # bf16 gradients, no fp32 master DeepSpeed would hand out (see its _comment)
         return
-    master = safe_get_full_fp32_param(engine.module.weight).float().item()  # collective
+    weight = engine.module.weight
+    if config.get("torch_autocast", {}).get("enabled"):  # the fp32 weight is the master
+        assert weight.dtype == torch.float32
+        master = weight.item()
+    else:
+        master = safe_get_full_fp32_param(weight).float().item()  # collective
     if dims.rank == 0:
         Path(result_file).write_text(repr(master))
 
@@ -44,10 +50,11 @@ def _one_step(stage: int, result_file: str) -> None:
 SLOW = pytest.mark.slow
 
 
-@pytest.mark.parametrize("stage", [pytest.param(0, marks=SLOW), pytest.param(1, marks=SLOW), 2,
-                                   pytest.param(3, marks=SLOW)])
-def test_gradients_are_averaged_in_fp32(stage, tmp_path):
+@pytest.mark.parametrize("name", ["zero0_autocast_bf16", pytest.param("zero0_bf16", marks=SLOW),
+                                  pytest.param("zero1_bf16", marks=SLOW), pytest.param("zero2_bf16", marks=SLOW),
+                                  pytest.param("zero3_bf16", marks=SLOW)])
+def test_gradients_are_averaged_in_fp32(name, tmp_path):
     result = tmp_path / "master.txt"
-    spawn_local_workers(_one_step, 2, stage, str(result))
-    if stage > 0:
+    spawn_local_workers(_one_step, 2, name, str(result))
+    if name != "zero0_bf16":
         assert float(result.read_text()) == -(1.0 + SMALL) / 2

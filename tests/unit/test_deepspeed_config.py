@@ -55,3 +55,44 @@ def test_a_copied_job_config_finds_the_shipped_and_its_own_deepspeed_configs_fro
     assert str(copied) in message and "deepspeed_config zero9 not found" in message
     assert str(project / "zero9") in message and str(elsewhere / "zero9") in message and "zero2_bf16" in message
     assert sorted(ds_configs.shipped_names()) == sorted(p.stem for p in (repo / "ds_configs").glob("*.json"))
+
+
+GPU_JOBS = ("in1k_r50_64gpu", "in21k_r50_64gpu", "pic_in1k_r50", "swav_in1k_r50", "in21k_vitb16_64gpu")
+
+
+@pytest.mark.parametrize("job", GPU_JOBS)
+def test_shipped_gpu_jobs_run_a_deepspeed_step_without_host_reads_and_average_gradients_in_fp32(job):
+    """The keys that keep DeepSpeed's per-step reads out (the reads themselves are counted in
+    tests/integration/test_deepspeed_host_syncs.py) and every gradient averaged in fp32."""
+    from trainer.config import load_job_config
+    from trainer.engine.deepspeed_host_syncs import host_reads_per_step
+
+    repo = Path(__file__).resolve().parents[2]
+    config = load_deepspeed_config(load_job_config(repo / "configs" / f"{job}.yaml").deepspeed_config, micro_batch=4)
+    assert host_reads_per_step(config) == []
+    autocast = config.get("torch_autocast", {})
+    if autocast.get("enabled"):  # fp32 gradients; none all-reduced in bf16
+        assert autocast["lower_precision_safe_modules"] == [] and not config.get("bf16", {}).get("enabled")
+    else:
+        assert config["communication_data_type"] == "fp32" and config["data_types"]["grad_accum_dtype"] == "fp32"
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("zero0_bf16", "overflow"), ("zero1_bf16", "BF16_Optimizer"), ("zero3_bf16", "ZeRO-3"), ("zero1", "norm")])
+def test_configs_that_read_the_host_every_step_say_why(name, expected):
+    from trainer.engine.deepspeed_host_syncs import host_reads_per_step
+
+    repo = Path(__file__).resolve().parents[2]
+    reasons = host_reads_per_step(load_deepspeed_config(repo / "ds_configs" / f"{name}.json", micro_batch=4))
+    assert len(reasons) == 1 and expected in reasons[0]
+
+
+@pytest.mark.parametrize("autocast, fix", [
+    ({"enabled": True, "dtype": "float16", "lower_precision_safe_modules": []}, '"dtype": "bfloat16"'),
+    ({"enabled": True, "dtype": "bfloat16"}, '"lower_precision_safe_modules": []')])
+def test_autocast_configs_that_would_lose_precision_are_refused(tmp_path, autocast, fix):
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 0}, "torch_autocast": autocast}))
+    with pytest.raises(ConfigError) as error:
+        load_deepspeed_config(path, micro_batch=4)
+    assert str(path) in str(error.value) and fix in str(error.value)

@@ -175,10 +175,32 @@ def test_the_plan_reads_zero_settings_from_a_deepspeed_config():
 
     assert deepspeed_settings(load_deepspeed_config(Path("ds_configs/zero2_bf16.json"), 1)) == {
         "zero_stage": 2, "reduce_bucket": 50_000_000, "overlap_comm": False, "prefetch_bucket": 50_000_000,
-        "fp32_gradients": True, "dtype": "bfloat16"}
+        "fp32_gradients": True, "fp32_weights": False, "dtype": "bfloat16"}
     assert deepspeed_settings({"zero_optimization": {"stage": 1, "overlap_comm": True}}) == {
         "zero_stage": 1, "reduce_bucket": 500_000_000, "overlap_comm": True, "prefetch_bucket": 50_000_000,
-        "fp32_gradients": False, "dtype": "float32"}
+        "fp32_gradients": False, "fp32_weights": False, "dtype": "float32"}
+
+
+def test_bf16_under_autocast_is_planned_with_fp32_weights_gradients_and_no_master_copy():
+    """ds_configs/zero0_autocast_bf16.json: bf16 activations and features, but the weights are fp32
+    (they are the masters) and so are the gradients: 4 + 4 bytes per parameter plus the optimizer's
+    state, where a bf16 engine holds 2 + 4 (fp32 gradients) + 4 (master) plus the state."""
+    from trainer.engine.deepspeed_setup import load_deepspeed_config
+    from trainer.planning import backbone_breakdown, deepspeed_settings
+
+    autocast = deepspeed_settings(load_deepspeed_config(Path("ds_configs/zero0_autocast_bf16.json"), 1))
+    assert autocast == {"zero_stage": 0, "reduce_bucket": 500_000_000, "overlap_comm": False,
+                        "prefetch_bucket": 50_000_000, "fp32_gradients": True, "fp32_weights": True,
+                        "dtype": "bfloat16"}
+    common = dict(mode="dhp", num_classes=1000, ranks=2, batch=8, backbone="resnet18", optimizer="sgd")
+    planned = backbone_breakdown(PlanInput(**common, **autocast))
+    engine = backbone_breakdown(PlanInput(**common, **{**autocast, "fp32_weights": False}))
+    parameters = planned["backbone weights"] // 4
+    assert planned["backbone gradients"] == engine["backbone gradients"] == 4 * parameters
+    assert (planned["backbone weights"], engine["backbone weights"]) == (4 * parameters, 2 * parameters)
+    assert (planned["backbone optimizer state"], engine["backbone optimizer state"]) == (4 * parameters,
+                                                                                         8 * parameters)
+    assert planned["backbone activations"] == engine["backbone activations"]  # bf16 either way
 
 
 def test_zero3_buckets_and_fp32_gradients_are_planned():
@@ -204,7 +226,8 @@ def test_a_config_is_planned_as_the_job_it_describes(tmp_path, capsys):
     plan = plan_input_from_config(load_job_config(repo / "configs/in1k_r50_64gpu.yaml", []), 64, 1_281_167)
     assert (plan.mode, plan.num_classes, plan.ranks, plan.batch, plan.dim, plan.backbone, plan.image_size,
             plan.views, plan.zero_stage, plan.dtype, plan.dali, plan.device) == (
-        "dhp", 1_281_167, 64, 64 * 64, 128, "resnet50", 224, 2, 1, "bfloat16", True, "gpu")
+        "dhp", 1_281_167, 64, 64 * 64, 128, "resnet50", 224, 2, 0, "bfloat16", True, "gpu")
+    assert plan.fp32_weights and plan.fp32_gradients  # bf16 through autocast
     assert plan.objective == ClassifierRows(sharded=True, hard_negatives=100)
     pic = plan_input_from_config(load_job_config(repo / "configs/pic_in1k_r50.yaml", []), 8, 1000)
     assert (pic.mode, pic.objective) == ("pic", SampledRows(queue_size=65536, row_store="host"))

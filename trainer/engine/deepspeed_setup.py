@@ -36,12 +36,29 @@ def load_deepspeed_config(path: Path, micro_batch: int, clip_grad_norm: float = 
                               f"scale would also scale the classifier's gradient, which no objective unscales); "
                               f'use bf16: set "{section}": {{"enabled": false}} and "bf16": {{"enabled": true}}, '
                               f"as in ds_configs/zero{stage}_bf16.json")
+    _check_autocast(config.get("torch_autocast", {}), path)
     if config.get("gradient_accumulation_steps", 1) != 1:
         raise ConfigError(f"{path}: gradient_accumulation_steps must be 1 (the classifier steps every batch)")
     config["train_micro_batch_size_per_gpu"] = micro_batch
     config.pop("train_batch_size", None)
     config.setdefault("zero_allow_untested_optimizer", True)  # SGD, LARS, AdamW: torch's or ours, not DeepSpeed's
     return apply_gradient_clipping(config, clip_grad_norm, path)
+
+
+def _check_autocast(autocast: dict, path: Path) -> None:
+    """DeepSpeed's ``torch_autocast`` mode (fp32 weights and gradients, bf16 compute), as this project
+    runs it: bf16 only, and no gradient all-reduced in bf16."""
+    if not autocast.get("enabled", False):
+        return
+    if str(autocast.get("dtype", "bfloat16")).removeprefix("torch.") not in ("bfloat16", "bf16"):
+        raise ConfigError(f"{path}: torch_autocast.dtype={autocast.get('dtype')!r} is not supported (fp16 needs a "
+                          'loss scale that no objective unscales): use "dtype": "bfloat16"')
+    if autocast.get("lower_precision_safe_modules") != []:
+        raise ConfigError(f"{path}: torch_autocast.lower_precision_safe_modules must be [] here: DeepSpeed "
+                          "all-reduces the gradients of the modules it lists (by default Linear and Conv) in bf16, "
+                          "and a bf16 sum over many ranks keeps 8 bits of mantissa; with [] every gradient is "
+                          'averaged in fp32. Add "lower_precision_safe_modules": [], as ds_configs/'
+                          "zero0_autocast_bf16.json does")
 
 
 def _skip_the_shared_memory_inference_op() -> None:
@@ -95,7 +112,11 @@ def initialize_backbone(model: nn.Module, ds_config: dict, lr: float, momentum: 
 
 
 def engine_dtype(engine) -> torch.dtype:
-    """The backbone's compute dtype; fp16 engines are refused by ``load_deepspeed_config``."""
+    """The backbone's compute dtype, which the batch is cast to: bf16 for a bf16 engine and under
+    ``torch_autocast`` (whose convolutions would cast an fp32 batch to bf16 again in the forward);
+    fp16 engines are refused by ``load_deepspeed_config``."""
     if engine.fp16_enabled():
         raise ConfigError("the DeepSpeed engine runs fp16, which is not supported: enable bf16 in its config instead")
+    if engine.torch_autocast_enabled():
+        return engine.torch_autocast_dtype()
     return torch.bfloat16 if engine.bfloat16_enabled() else torch.float32

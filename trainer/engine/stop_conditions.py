@@ -9,7 +9,8 @@ the same reduced flag at the same step, so all stop after the same step; a SIGTE
 effect one step later than a blocking agreement would give (a step is far shorter than the grace
 period).
 
-A non-finite loss is remembered on the device without a sync and checked on log steps; before every
+A non-finite loss or backbone gradient (``trainer.engine.gradient_watch``) is remembered on the
+device, with the first step it happened, without a sync, and checked on log steps; before every
 checkpoint the parameters are checked too, so a poisoned model is never saved as a good one.
 Under ``optim.on_nonfinite: skip_step`` the agreement cannot wait a step: whether any rank's loss is
 finite must be known before this step's backward.  There ``agree(loss)`` is a blocking all-reduce
@@ -93,13 +94,32 @@ class StopSignal:
 
 
 class NonFiniteWatch:
-    """Remembers, on the device, whether any loss since the last check was NaN or inf."""
+    """Remembers, on the device, whether any loss or backbone gradient since the start was NaN or
+    inf, and the first step each went bad; read only by ``check`` (log steps, saves)."""
+
+    NONE = 2**62  # "no such step", larger than any step
 
     def __init__(self, device: torch.device) -> None:
         self._bad = torch.zeros((), dtype=torch.bool, device=device)
+        self._step = torch.zeros((), dtype=torch.int64, device=device)  # counted on the device, never read
+        self._first_bad_loss = torch.full((), self.NONE, dtype=torch.int64, device=device)
+        self._first_bad_gradient = torch.full((), self.NONE, dtype=torch.int64, device=device)
 
-    def observe(self, loss: torch.Tensor) -> None:
-        self._bad |= ~torch.isfinite(loss.detach())
+    def start_at(self, step: int) -> None:
+        """The steps done before this run's first (a resume's); the next ``observe`` is step + 1."""
+        self._step.fill_(step)
+
+    def observe(self, loss: torch.Tensor, gradients_bad: torch.Tensor | None = None) -> None:
+        """One step's loss and, when known, whether its gradients held a NaN or inf (``GradientWatch``)."""
+        self._step += 1
+        bad_loss = ~torch.isfinite(loss.detach())
+        self._first_bad_loss = torch.where(bad_loss, torch.minimum(self._first_bad_loss, self._step),
+                                           self._first_bad_loss)
+        self._bad |= bad_loss
+        if gradients_bad is not None:
+            self._first_bad_gradient = torch.where(gradients_bad, torch.minimum(self._first_bad_gradient, self._step),
+                                                   self._first_bad_gradient)
+            self._bad |= gradients_bad
 
     def observe_parameters(self, tensors) -> None:
         """Before a save: a finite loss can still be followed by an update that overflowed.  A tensor's
@@ -112,13 +132,20 @@ class NonFiniteWatch:
                 self._bad |= ~(torch.isfinite(low) & torch.isfinite(high)).to(self._bad.device)
 
     def check(self, control_group, step: int, last_good: str | None) -> None:
-        """Raise on every rank if any rank saw a non-finite loss (collective)."""
-        flag = self._bad.to("cpu", dtype=torch.int32).reshape(1)
+        """Raise on every rank if any rank saw a non-finite loss, gradient or parameter (collective):
+        one read and one all-reduce of three numbers, the first bad steps as their negatives (MAX)."""
+        flags = torch.stack([self._bad.to(torch.int64), -self._first_bad_loss, -self._first_bad_gradient]).cpu()
         if control_group is not None:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=control_group)
-        if flag.item():
-            raise NonFiniteLossError(f"the loss or the parameters became NaN or inf by step {step}; nothing was saved "
-                                     f"after it. {what_to_do_after_nonfinite(last_good)}")
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=control_group)
+        bad, first_loss, first_gradient = flags.tolist()
+        if not bad:
+            return
+        found = [f"the loss at step {-first_loss}" if -first_loss != self.NONE else "",
+                 f"a backbone gradient at step {-first_gradient} (behind a finite loss)"
+                 if -first_gradient != self.NONE and -first_gradient < -first_loss else ""]
+        what = " and ".join(f for f in found if f) or "the parameters"
+        raise NonFiniteLossError(f"the loss or the parameters became NaN or inf by step {step} (first: {what}); "
+                                 f"nothing was saved after it. {what_to_do_after_nonfinite(last_good)}")
 
 
 def what_to_do_after_nonfinite(last_good: str | Path | None) -> str:

@@ -32,7 +32,9 @@ from trainer.checkpoint.rng_state import RngState, reseed
 from trainer.checkpoint.run_fingerprint import refuse_another_jobs_checkpoint, run_fingerprint
 from trainer.classifier.classifier_config import HeadSettings
 from trainer.config import JobConfig
+from trainer.engine.deepspeed_host_syncs import host_reads_per_step
 from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, load_deepspeed_config
+from trainer.engine.gradient_watch import GradientWatch, PoisonGradient
 from trainer.engine.replicated_state import OneNetwork
 from trainer.engine.run_record import RunRecord
 from trainer.engine.schedule import StepSchedules, refuse_unused_objective_settings, scaled_lr
@@ -114,6 +116,8 @@ class Trainer:
             model, ds_config, peak_lr, settings=config.optim.optimizer_settings()
         )
         self.dtype = engine_dtype(self.engine)
+        if reads := host_reads_per_step(ds_config):  # each a stall of the host, every step
+            self._say(f"{config.deepspeed_config.name}: DeepSpeed reads the host every step: {'; '.join(reads)}")
 
         self.train_loader = build_loader(config.data.train_shards, loader_config, dims.rank, dims.world_size,
                                          dims.device, train=True)
@@ -147,6 +151,9 @@ class Trainer:
         self.metrics.epochs_planned.set(config.optim.epochs)
         self.stop_signal = StopSignal(dims.control_group)
         self.nonfinite = NonFiniteWatch(dims.device)
+        # The gradients DeepSpeed hands the optimizer it wraps, whatever the ZeRO stage.
+        self.gradient_watch = GradientWatch(getattr(self.backbone_optimizer, "optimizer", self.backbone_optimizer),
+                                            dims.device)
         self.skipper = StepSkipper(self.engine.module, self.objective, config.optim.max_skipped_in_a_row, self.metrics,
                                    self.log, self._say)
 
@@ -192,6 +199,7 @@ class Trainer:
     def _train(self) -> TrainResult:
         config, state = self.config, self.state
         self.engine.train()  # the objective's start-up pass (e.g. the contrastive prior) sees train-mode BatchNorm
+        self.nonfinite.start_at(state.global_step)
         start = time.perf_counter()
         self.objective.on_train_start(self._encode, self._inference_batches)
         kernel = (f"; {config.objective.kernel_choice(config.data.loader.view_layout, self.dims.device)}"
@@ -287,6 +295,8 @@ class Trainer:
             outputs = self.engine(model_input(images, self.dtype, self.config.model))
             if armed("train.nan_features", self.state.global_step + 1):  # the drills' bad batch
                 outputs = outputs * float("nan")
+            if armed("train.inf_gradient", self.state.global_step + 1):  # a finite loss, an infinite gradient
+                outputs = PoisonGradient.apply(outputs)
             for index, output in zip(indices, outputs.chunk(len(indices))):
                 features[index] = output
         self.phases.end("forward")
@@ -321,7 +331,7 @@ class Trainer:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         self.phases.end("optimizer")
-        self.nonfinite.observe(loss)
+        self.nonfinite.observe(loss, self.gradient_watch.take())
         return (loss if out.reported is None else out.reported).detach(), stop_agreed
 
     # -- evaluation ------------------------------------------------------------------------

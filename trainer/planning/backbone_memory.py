@@ -1,12 +1,14 @@
 """Memory of the backbone (trunk and MLP head) per rank under DeepSpeed ZeRO.
 
-Weights and gradients in the job's dtype (gradients in fp32 when the bf16 config reduces in fp32),
-the optimizer's state (``OptimizerSpec.state_bytes_per_parameter``: SGD's and LARS's momentum 4,
-AdamW's two moments 8) plus the fp32 master copy under bf16, partitioned over the ranks by ZeRO:
-stage >= 1 the optimizer state, >= 2 the gradients, 3 the weights.  Activations are the bytes
-autograd saves for the backward, per image in the job's dtype, measured by one forward on the meta
-device (``trainer.models.profile``: exact for the architecture and image size, no compute); with
-activation checkpointing, what every residual unit's input and one unit's recomputation keep.
+Weights and gradients in the job's dtype (gradients in fp32 when the bf16 config reduces in fp32;
+weights and gradients in fp32 when bf16 runs under ``torch.autocast``), the optimizer's state
+(``OptimizerSpec.state_bytes_per_parameter``: SGD's and LARS's momentum 4, AdamW's two moments 8)
+plus the fp32 master copy under a bf16 engine (none under autocast: the weights are the masters),
+partitioned over the ranks by ZeRO: stage >= 1 the optimizer state, >= 2 the gradients, 3 the
+weights.  Activations are the bytes autograd saves for the backward, per image in the job's dtype,
+measured by one forward on the meta device (``trainer.models.profile``: exact for the architecture
+and image size, no compute); with activation checkpointing, what every residual unit's input and
+one unit's recomputation keep.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ def backbone_profile(plan: PlanInput, side: int | None = None) -> ModelProfile:
 
 def optimizer_state_per_parameter(plan: PlanInput) -> int:
     """The optimizer's fp32 state, plus the fp32 master weights DeepSpeed keeps under bf16/fp16."""
-    return optimizer_state_bytes(plan) + (4 if plan.dtype != "float32" else 0)
+    return optimizer_state_bytes(plan) + (4 if plan.dtype != "float32" and not plan.fp32_weights else 0)
 
 
 def activation_bytes_per_sample(plan: PlanInput) -> int:
@@ -42,7 +44,7 @@ def backbone_breakdown(plan: PlanInput) -> dict[str, int]:
     if plan.backbone is None:
         return {}
     parameters = backbone_profile(plan).parameters
-    half = plan.dtype != "float32"
+    half = plan.dtype != "float32" and not plan.fp32_weights
     stage, ranks = plan.zero_stage, plan.ranks
     weights = parameters * (2 if half else 4) / (ranks if stage >= 3 else 1)
     gradients = parameters * (2 if half and not plan.fp32_gradients else 4) / (ranks if stage >= 2 else 1)

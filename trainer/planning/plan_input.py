@@ -65,6 +65,7 @@ class PlanInput:
     overlap_comm: bool = False  # ZeRO's overlap_comm: a second gradient bucket
     prefetch_bucket: int = DEEPSPEED_PREFETCH_BUCKET  # ZeRO-3's stage3_prefetch_bucket_size (elements)
     fp32_gradients: bool = False  # bf16 backbone, gradients reduced and kept in fp32 (ds_configs/*_bf16.json)
+    fp32_weights: bool = False  # bf16 compute under torch.autocast: fp32 weights and gradients, no master copy
     dali: bool = True  # GPU decoding and augmentation with DALI (its buffers on the device)
     dali_prefetch: int = DALI_PREFETCH_DEPTH  # batches DALI prepares ahead (data.loader.prefetch_depth)
     checkpoints: bool = False  # the job saves in the background (checkpoint.every_steps / every_epochs)
@@ -136,9 +137,13 @@ def deepspeed_settings(ds_config: dict) -> dict:
     zero = ds_config.get("zero_optimization", {})
     bf16 = bool(ds_config.get("bf16", {}).get("enabled"))
     fp32_gradients = bf16 and ds_config.get("data_types", {}).get("grad_accum_dtype") in ("fp32", "float32")
+    autocast = ds_config.get("torch_autocast", {})
+    autocast_bf16 = bool(autocast.get("enabled")) and str(autocast.get("dtype", "bfloat16")) in ("bfloat16", "bf16",
+                                                                                                 "torch.bfloat16")
     return {"zero_stage": int(zero.get("stage", 0)),
             "reduce_bucket": int(float(zero.get("reduce_bucket_size", DEEPSPEED_REDUCE_BUCKET))),
             "overlap_comm": bool(zero.get("overlap_comm", False)),
             "prefetch_bucket": int(float(zero.get("stage3_prefetch_bucket_size", DEEPSPEED_PREFETCH_BUCKET))),
-            "fp32_gradients": fp32_gradients,
-            "dtype": "bfloat16" if bf16 else "float32"}
+            "fp32_gradients": fp32_gradients or autocast_bf16,
+            "fp32_weights": autocast_bf16,
+            "dtype": "bfloat16" if bf16 or autocast_bf16 else "float32"}

@@ -38,7 +38,7 @@ def checkpoint_host_copies(plan: PlanInput) -> dict[str, int]:
     copies = {f"checkpoint copies: {memory_model(plan).checkpoint_label}": objective_checkpoint_bytes(plan)}
     if plan.backbone is not None:
         parameters = backbone_profile(plan).parameters
-        half = plan.dtype != "float32"
+        half = plan.dtype != "float32" and not plan.fp32_weights
         optimizer = parameters * optimizer_state_per_parameter(plan)
         partition = plan.ranks if plan.zero_stage >= 1 else 1
         copies["checkpoint copies: DeepSpeed files"] = parameters * (2 if half else 4) + optimizer // partition
