@@ -12,6 +12,7 @@ from trainer.parallel import init_distributed
 from trainer.parallel.batch_norm import apply_batch_norm_mode, averaged_running_statistics, running_statistics
 from trainer.parallel.launch import spawn_local_workers
 from trainer.parallel.sharded_state import ShardedRows
+from trainer.parallel.sync_batch_norm import SyncBatchNorm
 
 pytestmark = pytest.mark.integration
 
@@ -77,13 +78,11 @@ def test_running_statistics_are_averaged_and_divergence_is_named():
     spawn_local_workers(_check_running_statistics_and_digests, 2)
 
 
-def test_sync_batch_norm_is_refused_on_cpu_ranks_and_checked_in_the_config():
+def test_sync_batch_norm_converts_on_cpu_ranks_and_is_checked_in_the_config():
     model = _network()
-    with pytest.raises(ValueError, match="model.batch_norm=sync needs CUDA devices.*model.batch_norm=local"):
-        apply_batch_norm_mode(model, "sync", torch.device("cpu"), 2, None)
     assert apply_batch_norm_mode(model, "local", torch.device("cpu"), 2, None) is model
-    converted = apply_batch_norm_mode(_network(), "sync", torch.device("cpu"), 1, None)  # one rank: plain BN maths
-    assert sum(isinstance(m, nn.SyncBatchNorm) for m in converted.modules()) == 2
+    converted = apply_batch_norm_mode(_network(), "sync", torch.device("cpu"), 2, None)  # gloo ranks too
+    assert sum(isinstance(m, SyncBatchNorm) for m in converted.modules()) == 2
     assert converted.state_dict().keys() == model.state_dict().keys()  # checkpoints load in either mode
     with pytest.raises(ValueError, match="batch_norm='shared' is invalid"):
         ModelConfig(batch_norm="shared")

@@ -56,8 +56,9 @@ class ModelConfig:
     batch_norm: how the data-parallel ranks share BatchNorm: "local" (each rank's own batch
         statistics, PIC's and One-Million-Way's choice; the running statistics are averaged over the
         ranks before every evaluation and save, so every rank holds, scores and saves one
-        network) or "sync" (``torch.nn.SyncBatchNorm`` over the ranks, SwAV's choice; CUDA only).
-        See ``trainer.parallel.batch_norm``.
+        network) or "sync" (the global batch's statistics, SwAV's choice: ``SyncBatchNorm`` of
+        ``trainer.parallel.sync_batch_norm``, on any device, no host read).  See
+        ``trainer.parallel.batch_norm``.
     """
 
     arch: str = "resnet50"
@@ -83,7 +84,7 @@ class ModelConfig:
                              "(recompute each residual unit in the backward) or false")
         if self.batch_norm not in BATCH_NORM_MODES:
             raise ValueError(f"batch_norm={self.batch_norm!r} is invalid: use local (per-rank statistics, averaged "
-                             "before every evaluation and save) or sync (SyncBatchNorm over the ranks, CUDA only)")
+                             "before every evaluation and save) or sync (statistics of the global batch)")
 
 
 class InstanceModel(nn.Module):

@@ -19,6 +19,9 @@ from torch import nn
 
 
 class _Fp32AffineBatchNorm:
+    # plain BatchNorm maths: model.batch_norm=sync may convert it (trainer.parallel.sync_batch_norm)
+    same_maths_as_batch_norm = True
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if (self.weight is None or self.running_mean is None or self.momentum is None
                 or self.weight.dtype == self.running_mean.dtype):

@@ -10,10 +10,10 @@
   statistics are per-rank state (checkpointed per rank, ``trainer.checkpoint.batch_norm_state``),
   so the network saved at step N does not depend on when earlier saves happened, and a resumed run
   is bit-identical to an uninterrupted one.
-- ``sync`` (SwAV's choice): ``torch.nn.SyncBatchNorm`` over the data-parallel group; the batch
-  statistics of a step are the global batch's, so the running statistics agree by construction.
-  It runs on CUDA only (PyTorch refuses CPU tensors when more than one rank takes part), so a
-  ``sync`` job on CPU ranks is refused with that reason.
+- ``sync`` (SwAV's choice): every BatchNorm layer becomes ``trainer.parallel.sync_batch_norm``'s
+  ``SyncBatchNorm`` over the data-parallel group; the batch statistics of a step are the global
+  batch's, so the running statistics agree by construction.  It runs on any device and backend
+  (gloo CPU ranks included) and reads nothing on the host, unlike ``torch.nn.SyncBatchNorm``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from trainer.parallel.collectives import Group, group_size
+from trainer.parallel.sync_batch_norm import convert_to_sync_batch_norm
 
 BATCH_NORM_MODES = ("local", "sync")
 
@@ -31,18 +32,15 @@ BATCH_NORM_MODES = ("local", "sync")
 def apply_batch_norm_mode(model: nn.Module, mode: str, device: torch.device, world_size: int,
                           group: Group) -> nn.Module:
     """``model`` with its BatchNorm layers as ``mode`` asks (``sync``: converted in place, the
-    state dict's keys unchanged, so checkpoints load in either mode)."""
+    state dict's keys unchanged, so checkpoints load in either mode).  ``group``: the data-parallel
+    group, None in a one-process run (the layers are then plain BatchNorm); ``device`` and
+    ``world_size`` are accepted for the caller's sake, ``sync`` runs on any device."""
     if mode not in BATCH_NORM_MODES:
         raise ValueError(f"model.batch_norm={mode!r} is invalid: use local (per-rank statistics, averaged before "
-                         "every evaluation and save) or sync (SyncBatchNorm, CUDA only)")
+                         "every evaluation and save) or sync (statistics of the global batch)")
     if mode == "local":
         return model
-    if device.type != "cuda" and world_size > 1:
-        raise ValueError(f"model.batch_norm=sync needs CUDA devices: torch.nn.SyncBatchNorm refuses CPU tensors "
-                         f"when more than one rank takes part, and this job runs {world_size} ranks on {device}. "
-                         "Use model.batch_norm=local on CPU ranks (the running statistics are still averaged "
-                         "over the ranks before every evaluation and save)")
-    return nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group=group)
+    return convert_to_sync_batch_norm(model, process_group=group)
 
 
 def running_statistics(model: nn.Module) -> dict[str, torch.Tensor]:
