@@ -111,7 +111,9 @@ def _check_every_case(sizes: list[int]) -> None:
     _check_bf16_parameters_with_fp32_statistics(sizes)
 
 
-@pytest.mark.parametrize("sizes", [[3, 6], [5, 0, 2]], ids=["2 ranks", "3 ranks, one empty"])
+# the 3-rank case (unequal batches, one empty) in the default run; 2 ranks is the same maths
+@pytest.mark.parametrize("sizes", [pytest.param([3, 6], marks=pytest.mark.slow), [5, 0, 2]],
+                         ids=["2 ranks", "3 ranks, one empty"])
 def test_sync_batch_norm_equals_batch_norm_over_the_concatenated_batch(sizes):
     spawn_local_workers(_check_every_case, len(sizes), sizes)
 
