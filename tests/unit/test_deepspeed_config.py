@@ -91,8 +91,13 @@ def test_configs_that_read_the_host_every_step_say_why(name, expected):
     ({"enabled": True, "dtype": "float16", "lower_precision_safe_modules": []}, '"dtype": "bfloat16"'),
     ({"enabled": True, "dtype": "bfloat16"}, '"lower_precision_safe_modules": []')])
 def test_autocast_configs_that_would_lose_precision_are_refused(tmp_path, autocast, fix):
+    """fp16 needs a loss scale; at ZeRO 1-3 DeepSpeed reduces Linear and Conv gradients in bf16 unless
+    lower_precision_safe_modules is empty (stage 0 all-reduces the fp32 gradients as they are)."""
     path = tmp_path / "mine.json"
-    path.write_text(json.dumps({"zero_optimization": {"stage": 0}, "torch_autocast": autocast}))
+    path.write_text(json.dumps({"zero_optimization": {"stage": 1}, "torch_autocast": autocast}))
     with pytest.raises(ConfigError) as error:
         load_deepspeed_config(path, micro_batch=4)
     assert str(path) in str(error.value) and fix in str(error.value)
+    stage0 = {"zero_optimization": {"stage": 0}, "torch_autocast": {**autocast, "dtype": "bfloat16"}}
+    path.write_text(json.dumps(stage0))
+    assert load_deepspeed_config(path, micro_batch=4)["torch_autocast"]["enabled"]

@@ -36,7 +36,7 @@ def load_deepspeed_config(path: Path, micro_batch: int, clip_grad_norm: float = 
                               f"scale would also scale the classifier's gradient, which no objective unscales); "
                               f'use bf16: set "{section}": {{"enabled": false}} and "bf16": {{"enabled": true}}, '
                               f"as in ds_configs/zero{stage}_bf16.json")
-    _check_autocast(config.get("torch_autocast", {}), path)
+    _check_autocast(config.get("torch_autocast", {}), stage, path)
     if config.get("gradient_accumulation_steps", 1) != 1:
         raise ConfigError(f"{path}: gradient_accumulation_steps must be 1 (the classifier steps every batch)")
     config["train_micro_batch_size_per_gpu"] = micro_batch
@@ -45,7 +45,7 @@ def load_deepspeed_config(path: Path, micro_batch: int, clip_grad_norm: float = 
     return apply_gradient_clipping(config, clip_grad_norm, path)
 
 
-def _check_autocast(autocast: dict, path: Path) -> None:
+def _check_autocast(autocast: dict, stage: int, path: Path) -> None:
     """DeepSpeed's ``torch_autocast`` mode (fp32 weights and gradients, bf16 compute), as this project
     runs it: bf16 only, and no gradient all-reduced in bf16."""
     if not autocast.get("enabled", False):
@@ -53,12 +53,12 @@ def _check_autocast(autocast: dict, path: Path) -> None:
     if str(autocast.get("dtype", "bfloat16")).removeprefix("torch.") not in ("bfloat16", "bf16"):
         raise ConfigError(f"{path}: torch_autocast.dtype={autocast.get('dtype')!r} is not supported (fp16 needs a "
                           'loss scale that no objective unscales): use "dtype": "bfloat16"')
-    if autocast.get("lower_precision_safe_modules") != []:
-        raise ConfigError(f"{path}: torch_autocast.lower_precision_safe_modules must be [] here: DeepSpeed "
-                          "all-reduces the gradients of the modules it lists (by default Linear and Conv) in bf16, "
+    if stage >= 1 and autocast.get("lower_precision_safe_modules") != []:
+        raise ConfigError(f"{path}: torch_autocast.lower_precision_safe_modules must be [] at ZeRO stage {stage}: "
+                          "ZeRO reduces the gradients of the modules it lists (by default Linear and Conv) in bf16, "
                           "and a bf16 sum over many ranks keeps 8 bits of mantissa; with [] every gradient is "
                           'averaged in fp32. Add "lower_precision_safe_modules": [], as ds_configs/'
-                          "zero0_autocast_bf16.json does")
+                          "zero0_autocast_bf16.json has")
 
 
 def _skip_the_shared_memory_inference_op() -> None:
