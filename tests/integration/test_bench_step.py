@@ -1,5 +1,6 @@
 """`instcls bench step`: the real trainer's step on 2 CPU ranks, broken into phases that account
-for the step's time, next to the loader measured alone."""
+for the step's time, next to the loader measured alone; with ``--baseline``, next to the job's
+network in a plain PyTorch loop."""
 
 from pathlib import Path
 
@@ -12,9 +13,10 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # the default run covers `bench step` with the baseline below
 def test_the_step_bench_breaks_the_step_into_phases_that_add_up_to_it():
     settings = StepBenchSettings(config=REPO / "configs" / "digits_cpu.yaml", ranks=2, steps=4, warmup=2,
-                                 image_size=32)
+                                 image_size=32, data="loader")
     # channels_last on: the step feeds the network NHWC (its agreement with NCHW: test_backbone_layouts.py)
     result = run(settings, ["data.loader.batch_size=32", "checkpoint.every_steps=3", "model.channels_last=true"])
     assert [r["rank"] for r in result["ranks"]] == [0, 1]
@@ -32,7 +34,37 @@ def test_the_step_bench_breaks_the_step_into_phases_that_add_up_to_it():
     # test of format_report's text).
     table = format_report(result).splitlines()
     for rank in result["ranks"]:
-        (row,) = [line for line in table if line.split()[:3] == [str(rank["rank"]), f"{rank['images_per_s']:.1f}",
-                                                                 f"{rank['step_s_mean']:.3f}"]]
+        cells = [str(rank["rank"]), "job", f"{rank['images_per_s']:.1f}", f"{rank['step_s_mean']:.3f}"]
+        (row,) = [line for line in table if line.split()[:4] == cells]
         assert all(f"{rank['phase_s'][p]:.3f}(" in row for p in PHASE_ORDER), row
         assert row.endswith(f"{rank['loader_headroom']:.2f}x"), row
+
+
+def test_the_baseline_runs_the_jobs_network_plainly_beside_the_jobs_step():
+    """Both runs on the same ranks and synthetic batch: the job's images/s over the baseline's, and
+    per phase the ops each dispatches.  The same network on the same views dispatches the same
+    forward ops; the baseline's optimizer steps on torch's foreach kernels."""
+    settings = StepBenchSettings(config=REPO / "configs" / "demo_cpu.yaml", ranks=2, steps=2, warmup=1,
+                                 image_size=32, baseline=True)
+    # no contrastive prior: a start-up pass over the shards that no step runs
+    result = run(settings, ["data.loader.batch_size=16", "objective.contrastive_prior=false"])
+    assert [r["rank"] for r in result["ranks"]] == [0, 1]
+    for rank in result["ranks"]:
+        job, baseline = rank, rank["baseline"]
+        assert job["images_per_s"] > 0 and baseline["images_per_s"] > 0 and baseline["steps"] == 2
+        assert rank["job_over_baseline"] == job["images_per_s"] / baseline["images_per_s"]
+        assert "loader_images_per_s" not in rank  # data synthetic: the loader is not what is measured
+        assert job["phase_s"]["data_wait"] < 0.01  # the batch is already on the device
+        for run_ in (job, baseline):
+            assert all(run_["kernels"][phase] > 0 for phase in ("forward", "backward", "optimizer")), run_["kernels"]
+        assert baseline["kernels"]["forward"] == job["kernels"]["forward"]
+        assert baseline["kernel_ops"]["forward"] == job["kernel_ops"]["forward"]
+        assert baseline["precision"] == "fp32"  # ds_configs/zero0.json
+        assert baseline["kernel_ops"]["optimizer"].keys() <= {"aten._foreach_add_.List", "aten._foreach_add.List",
+                                                              "aten._foreach_mul_.Scalar"}
+    text = format_report(result)
+    first = result["ranks"][0]
+    assert f"rank 0 {first['job_over_baseline']:.2f}x" in text
+    (row,) = [line for line in text.splitlines() if line.split()[:3] == ["0", "baseline",
+                                                                        f"{first['baseline']['images_per_s']:.1f}"]]
+

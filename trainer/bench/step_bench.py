@@ -1,13 +1,22 @@
 """`instcls bench step`: the training step a user pays for, on whatever device is there.
 
-It runs the real trainer of a job config (the loader, the forward of every view, the objective, the
-backward, the optimizers, the checkpoint snapshot when one is due) on ``ranks`` local processes,
-on synthetic shards (default) or the config's own, and reports per rank: images/s, and where a
-step's time goes (``trainer.observability.step_phases``: the loader's wait, forward, objective,
-backward, optimizer, checkpoint; on GPUs from CUDA events, so measuring does not sync the device).
-On a GPU it also counts the host syncs of the measured steps (CUDA's sync debug mode).  Before the
-steps it measures the loader alone with the same settings, so the table shows the loader's
-headroom: the images/s it can feed over the images/s the step consumes.
+It runs the real trainer of a job config (the forward of every view, the objective, the backward,
+the optimizers, the checkpoint snapshot when one is due) on ``ranks`` local processes and reports
+per rank: images/s, and where a step's time goes (``trainer.observability.step_phases``: the
+loader's wait, forward, objective, backward, optimizer, checkpoint; on GPUs from CUDA events, so
+measuring does not sync the device).  Per phase it also counts, in one step after the measured
+ones, the ops dispatched (``op_counting``: the CPU-measurable stand-in for launch overhead) and, on
+CUDA, in one more step the kernels launched (``cuda_kernels``); on a GPU, the host syncs of the
+measured steps (CUDA's sync debug mode).
+
+``data``: ``synthetic`` (default) hands the trainer one random batch made once on the device at
+every step (``step_feed``), so the loader hides nothing of the step; ``loader`` feeds it through
+the job's own loader from synthetic shards (default) or ``--shards``, after measuring the loader
+alone, so the table shows the loader's headroom: the images/s it can feed over what the step uses.
+
+``baseline``: the same ranks then run the job's network in a plain PyTorch loop on the same batch
+(``step_baseline``: DDP, torch's foreach/fused optimizer kernels, a stand-in loss instead of the
+classifier); the table sets the two side by side, with the job's images/s over the baseline's.
 
 A synthetic shard set makes the classifier as wide as the set (N = its images); the classifier's
 share at a large N needs a shard set of that size (``--shards``), or `instcls dry-run` and
@@ -16,21 +25,27 @@ share at a large N needs a shard set of that size (``--shards``), or `instcls dr
 
 from __future__ import annotations
 
+import gc
 import json
 import tempfile
 from collections import Counter
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from statistics import fmean, median
+from typing import Literal
 
 import torch
 
 from trainer.bench.data_bench import loader_images_per_second, synthetic_shards
+from trainer.bench.step_feed import StepFeed, random_views, synthetic_batch
+from trainer.bench.step_instruments import InstrumentedPhases, StepInstruments, profile_step_on
 from trainer.dry_run.host_syncs import device_sync_sites
 from trainer.parallel.launch import spawn_local_workers
 
 PHASE_ORDER = ("data_wait", "forward", "objective", "backward", "optimizer", "checkpoint")
+COUNTED_PHASES = PHASE_ORDER[1:]
+EXTRA_STEPS = 2  # after the measured steps: one whose ops are counted, one whose CUDA kernels are (CUDA only)
 
 
 @dataclass(frozen=True)
@@ -41,10 +56,17 @@ class StepBenchSettings:
     steps: measured steps per rank.
     warmup: steps run first and not measured (start-up, allocator, cuDNN's algorithm search, compiles).
     shards: a shard directory to read (default: synthetic shards of synthetic_count images at
-        image_size pixels, written to a temporary directory).
-    synthetic_count: images in the synthetic shards (0: one epoch covers warmup + steps + 1).
+        image_size pixels, written to a temporary directory).  With data synthetic the trainer still
+        reads its size and its start-up passes (e.g. the contrastive prior) read it.
+    synthetic_count: images in the synthetic shards (0: one epoch covers every step the bench runs).
     image_size: side of the synthetic images on disk.
     loader_only: measure the loader alone and stop.
+    data: where the step's batches come from: synthetic (one random batch made once on the device,
+        handed over at every step: the step alone) or loader (the job's loader over the shards, as
+        training reads them; the loader is also measured alone).
+    baseline: also run the job's network in a plain PyTorch loop on the same ranks and batch
+        (DistributedDataParallel, torch's foreach/fused optimizer kernels, no classifier: a stand-in
+        loss) and report the job's images/s over its.
     """
 
     config: Path = Path("configs/demo_cpu.yaml")
@@ -55,6 +77,17 @@ class StepBenchSettings:
     synthetic_count: int = 0
     image_size: int = 64
     loader_only: bool = False
+    data: Literal["synthetic", "loader"] = "synthetic"
+    baseline: bool = False
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.warmup < 0:
+            raise ValueError(f"steps={self.steps} and warmup={self.warmup}: measure at least one step (--steps 1) "
+                             "after zero or more warm-up steps")
+
+    @property
+    def measured(self) -> slice:
+        return slice(self.warmup, self.warmup + self.steps)
 
 
 def _job_overrides(shards: Path, work: Path, steps: int) -> list[str]:
@@ -75,55 +108,120 @@ def _loader_images_per_second(config, dims, warmup: int, steps: int) -> float:
 
 
 def _bench_rank(config_path: Path, overrides: list[str], settings: StepBenchSettings, out: Path) -> None:
-    """One rank: the loader alone, then the trainer; its records go to ``out/rank-R.json``."""
+    """One rank: the loader alone (``data`` loader), the trainer, the baseline; its records go to
+    ``out/rank-R.json``."""
     from trainer.config import load_job_config
-    from trainer.engine.trainer import Trainer
     from trainer.parallel import init_distributed
     from trainer.parallel.determinism import apply_determinism
 
     config = load_job_config(config_path, overrides)
     apply_determinism(config.parallel.deterministic)
     dims = init_distributed(config.parallel.classifier_parallel_size, device=config.parallel.device)
-    record = dict(rank=dims.rank, device=str(dims.device), batch=config.data.loader.batch_size,
-                  loader_images_per_s=_loader_images_per_second(config, dims, settings.warmup, settings.steps))
+    extra = 2 if dims.device.type == "cuda" else 1  # the op-counted step; on CUDA the profiled one too
+    config = replace(config, max_steps=settings.warmup + settings.steps + extra)
+    record = dict(rank=dims.rank, device=str(dims.device), batch=config.data.loader.batch_size)
+    if settings.data == "loader" or settings.loader_only:
+        record["loader_images_per_s"] = _loader_images_per_second(config, dims, settings.warmup, settings.steps)
     if not settings.loader_only:
-        trainer = Trainer(config, dims, resume="none")
-        trainer.record.step_history, trainer.record.phase_history = [], []
-        # On GPUs every synchronizing CUDA call is recorded with its source line; counted at each step's end
-        with device_sync_sites() if dims.device.type == "cuda" else nullcontext(None) as sites:
-            if sites is not None:
-                trainer.record.host_syncs_so_far = lambda: len(sites)
-            trainer.train()
-        if sites is not None:
-            record["sync_sites"] = sites
-            torch.cuda.synchronize(dims.device)
-            trainer.record.phases_done(trainer.phases.completed())  # the last steps' events
-        record.update(steps=trainer.record.step_history, phases=trainer.record.phase_history)
+        views = random_views(config.data.loader.view_layout.sides, config.data.loader.batch_size, dims.device,
+                             seed=config.seed + dims.rank)
+        record["job"] = _job_run(config, dims, settings, views)
+        if settings.baseline:
+            gc.collect()  # the trainer's engine, classifier and buffers go before the baseline's are made
+            if dims.device.type == "cuda":
+                torch.cuda.empty_cache()
+            record["baseline"] = _baseline_run(config, dims, settings, views)
     (out / f"rank-{dims.rank}.json").write_text(json.dumps(record))
 
 
-def _rank_summary(record: dict, warmup: int) -> dict:
-    """One rank's measured steps: images/s, and the mean seconds of each phase per step."""
-    summary = dict(rank=record["rank"], device=record["device"], loader_images_per_s=record["loader_images_per_s"])
-    if "steps" not in record:
-        return summary
-    steps = record["steps"][warmup:]
-    phases = record["phases"][warmup:]
+def _syncs_recorded(device: torch.device):
+    """On GPUs every synchronizing CUDA call, recorded with its source line; nothing elsewhere."""
+    return device_sync_sites() if device.type == "cuda" else nullcontext(None)
+
+
+def _job_run(config, dims, settings: StepBenchSettings, views: list[torch.Tensor]) -> dict:
+    """The job's trainer: each step's seconds, its phases' seconds and the instruments' counts.
+    With ``data`` synthetic the trainer's loop pulls ``views`` (in the loader's first batch) at
+    every step; the trainer itself is unchanged."""
+    from trainer.engine.trainer import Trainer
+
+    trainer = Trainer(config, dims, resume="none")
+    trainer.record.step_history, trainer.record.phase_history = [], []
+    count_step = settings.warmup + settings.steps
+    with _syncs_recorded(dims.device) as sites:
+        instruments = StepInstruments(count_step, profile_step_on(dims.device, count_step + 1), sites)
+        loader = trainer.train_loader
+        if settings.data == "synthetic":
+            trainer.train_loader = StepFeed.repeating(synthetic_batch(loader, views), loader.steps_per_epoch,
+                                                      instruments)
+        else:
+            trainer.train_loader = StepFeed(loader.epoch_batches, loader.steps_per_epoch, instruments)
+        trainer.phases = InstrumentedPhases(trainer.phases, instruments)
+        if sites is not None:
+            trainer.record.host_syncs_so_far = lambda: len(sites)
+        trainer.train()
+    run = dict(counts=instruments.summary(settings.measured))
+    if sites is not None:
+        run["sync_sites"] = sites
+        torch.cuda.synchronize(dims.device)
+        trainer.record.phases_done(trainer.phases.completed())  # the last steps' events
+    run.update(steps=trainer.record.step_history, phases=trainer.record.phase_history)
+    return run
+
+
+def _baseline_run(config, dims, settings: StepBenchSettings, views: list[torch.Tensor]) -> dict:
+    """The plain PyTorch loop on the same ranks and ``views``, counted like the job's step."""
+    from trainer.bench.step_baseline import PlainStep
+    from trainer.engine.deepspeed_setup import load_deepspeed_config
+
+    ds_config = load_deepspeed_config(config.deepspeed_config, config.data.loader.batch_size,
+                                      config.optim.clip_grad_norm)
+    plain = PlainStep(config, dims, ds_config)
+    count_step = settings.warmup + settings.steps
+    with _syncs_recorded(dims.device) as sites:
+        instruments = StepInstruments(count_step, profile_step_on(dims.device, count_step + 1), sites)
+        steps, phases = plain.run(views, config.max_steps, range(settings.warmup, count_step), instruments)
+    return dict(steps=steps, phases=phases, counts=instruments.summary(settings.measured), precision=plain.precision)
+
+
+def _run_summary(run: dict, measured: slice, phase_names: tuple[str, ...]) -> dict:
+    """One run's measured steps: images/s, the mean seconds of each phase per step and its share of
+    the step, and the instruments' counts per phase."""
+    steps, phases = run["steps"][measured], run["phases"][measured]
     seconds = [s["data_wait"] + s["step"] for s in steps]
-    summary.update(
-        steps=len(steps),
-        images_per_s=sum(s["images"] for s in steps) / sum(seconds),
-        step_s_mean=fmean(seconds),
-        step_s_median=median(seconds),
-        phase_s={"data_wait": fmean(s["data_wait"] for s in steps),
-                 **{phase: fmean(p.get(phase, 0.0) for p in phases) for phase in PHASE_ORDER[1:]}},
-    )
-    summary["loader_headroom"] = summary["loader_images_per_s"] / summary["images_per_s"]
-    if "host_syncs_so_far" in record["steps"][0]:  # the measured steps' own, not start-up's
-        before = record["steps"][warmup - 1]["host_syncs_so_far"]
-        summary["host_syncs_per_step"] = (steps[-1]["host_syncs_so_far"] - before) / len(steps)
-        measured = record["sync_sites"][before:steps[-1]["host_syncs_so_far"]]
-        summary["host_sync_sites_per_step"] = {site: count / len(steps) for site, count in Counter(measured).items()}
+    step_s = fmean(seconds)
+    phase_s = {"data_wait": fmean(s["data_wait"] for s in steps)} if "data_wait" in phase_names else {}
+    phase_s.update({phase: fmean(p.get(phase, 0.0) for p in phases) for phase in phase_names if phase != "data_wait"})
+    return dict(steps=len(steps), images_per_s=sum(s["images"] for s in steps) / sum(seconds), step_s_mean=step_s,
+                step_s_median=median(seconds), phase_s=phase_s,
+                phase_share={phase: value / step_s for phase, value in phase_s.items()}, **run["counts"])
+
+
+def _rank_summary(record: dict, settings: StepBenchSettings) -> dict:
+    """One rank: the job's run (and the baseline's, with the job's images/s over its), the loader's headroom."""
+    summary = dict(rank=record["rank"], device=record["device"])
+    if "loader_images_per_s" in record:
+        summary["loader_images_per_s"] = record["loader_images_per_s"]
+    if "job" not in record:
+        return summary
+    job = record["job"]
+    summary.update(_run_summary(job, settings.measured, PHASE_ORDER))
+    if "loader_images_per_s" in summary:
+        summary["loader_headroom"] = summary["loader_images_per_s"] / summary["images_per_s"]
+    if "sync_sites" in job:  # the measured steps' own, not start-up's
+        steps = job["steps"]
+        before = steps[settings.warmup - 1]["host_syncs_so_far"] if settings.warmup else 0
+        after = steps[settings.measured][-1]["host_syncs_so_far"]
+        summary["host_syncs_per_step"] = (after - before) / settings.steps
+        sites = Counter(job["sync_sites"][before:after])
+        summary["host_sync_sites_per_step"] = {site: count / settings.steps for site, count in sites.items()}
+    if "baseline" in record:
+        from trainer.bench.step_baseline import BASELINE_PHASES
+
+        baseline = record["baseline"]
+        summary["baseline"] = dict(_run_summary(baseline, settings.measured, BASELINE_PHASES),
+                                   precision=baseline["precision"])
+        summary["job_over_baseline"] = summary["images_per_s"] / summary["baseline"]["images_per_s"]
     return summary
 
 
@@ -132,7 +230,7 @@ def run(settings: StepBenchSettings, overrides: list[str] = ()) -> dict:
     from trainer.config import load_job_config
 
     config = load_job_config(settings.config, list(overrides))
-    total_steps = settings.warmup + settings.steps
+    total_steps = settings.warmup + settings.steps + EXTRA_STEPS  # an upper bound: each rank sets its own
     with tempfile.TemporaryDirectory(prefix="instcls-bench-step-") as tmp:
         work = Path(tmp)
         shards = settings.shards
@@ -142,28 +240,62 @@ def run(settings: StepBenchSettings, overrides: list[str] = ()) -> dict:
         job = [*overrides, *_job_overrides(shards, work, total_steps)]
         spawn_local_workers(_bench_rank, settings.ranks, settings.config, job, settings, work)
         records = [json.loads((work / f"rank-{rank}.json").read_text()) for rank in range(settings.ranks)]
-    ranks = [_rank_summary(record, settings.warmup) for record in records]
+    ranks = [_rank_summary(record, settings) for record in records]
     return dict(settings={k: str(v) if isinstance(v, Path) else v for k, v in asdict(settings).items()},
                 overrides=list(overrides), shards=str(settings.shards or "synthetic"), ranks=ranks)
 
 
+def _cell(seconds: float | None, step_s: float) -> str:
+    return f"{'-':>11}" if seconds is None else f"{seconds:>6.3f}({seconds / step_s:>3.0%})"
+
+
+def _count_table(title: str, runs: list[tuple[str, dict | None]]) -> list[str]:
+    """A row per run of per-phase counts; "-" where a run has no such phase."""
+    lines = [title, f"{'run':<10}" + "".join(f"{p:>11}" for p in COUNTED_PHASES)]
+    for label, counts in runs:
+        if counts is not None:
+            lines.append(f"{label:<10}" + "".join(f"{counts[p]:>11.4g}" if p in counts else f"{'-':>11}"
+                                                  for p in COUNTED_PHASES))
+    return lines
+
+
 def format_report(result: dict) -> str:
-    """One table: a row per rank, the phases in seconds per step and as shares of the step."""
+    """A row per rank and run (the job's, the baseline's): images/s, the phases in seconds per step and
+    as shares of the step; the job's images/s over the baseline's; rank 0's counts per phase."""
     ranks = result["ranks"]
     first = ranks[0]
-    lines = [f"instcls bench step: {result['settings']['config']} on {len(ranks)} rank(s), device {first['device']}, "
-             f"shards {result['shards']}"]
+    settings = result["settings"]
+    lines = [f"instcls bench step: {settings['config']} on {len(ranks)} rank(s), device {first['device']}, "
+             f"data {settings['data']}, shards {result['shards']}"]
     if "images_per_s" not in first:
         lines += [f"rank {r['rank']}: the loader alone feeds {r['loader_images_per_s']:.1f} images/s" for r in ranks]
         return "\n".join(lines)
-    header = f"{'rank':>4}{'img/s':>9}{'step s':>9}" + "".join(f"{p:>11}" for p in PHASE_ORDER) + \
+    header = f"{'rank':>4} {'run':<9}{'img/s':>9}{'step s':>9}" + "".join(f"{p:>11}" for p in PHASE_ORDER) + \
         f"{'loader img/s':>14}{'headroom':>10}"
-    lines += [f"{first['steps']} measured steps after {result['settings']['warmup']} warm-up; phases in seconds per "
-              "step (share of the step)", header]
+    lines += [f"{first['steps']} measured steps after {settings['warmup']} warm-up; phases in seconds per step "
+              "(share of the step)", header]
     for r in ranks:
-        cells = "".join(f"{r['phase_s'][p]:>6.3f}({r['phase_s'][p] / r['step_s_mean']:>3.0%})" for p in PHASE_ORDER)
-        lines.append(f"{r['rank']:>4}{r['images_per_s']:>9.1f}{r['step_s_mean']:>9.3f}{cells}"
-                     f"{r['loader_images_per_s']:>14.1f}{r['loader_headroom']:>9.2f}x")
+        loader = (f"{r['loader_images_per_s']:>14.1f}{r['loader_headroom']:>9.2f}x" if "loader_headroom" in r
+                  else f"{'-':>14}{'-':>10}")
+        for label, run in (("job", r), ("baseline", r.get("baseline"))):
+            if run is not None:
+                cells = "".join(_cell(run["phase_s"].get(p), run["step_s_mean"]) for p in PHASE_ORDER)
+                lines.append(f"{r['rank']:>4} {label:<9}{run['images_per_s']:>9.1f}{run['step_s_mean']:>9.3f}{cells}"
+                             + (loader if label == "job" else ""))
+    if "baseline" in first:
+        lines.append("job / baseline images/s: " + ", ".join(f"rank {r['rank']} {r['job_over_baseline']:.2f}x"
+                                                           for r in ranks)
+                     + f"; baseline: plain PyTorch (DDP, {first['baseline']['precision']}), the stand-in loss as "
+                     "its objective, no classifier")
+    runs = [("job", first), ("baseline", first.get("baseline"))]
+    lines += _count_table("ops dispatched in one step, rank 0 (TorchDispatchMode; a foreach op counts once):",
+                          [(label, run and run["kernels"]) for label, run in runs])
+    if "cuda_kernels" in first:
+        lines += _count_table("CUDA kernels launched in one step, rank 0 (torch.profiler):",
+                              [(label, run and run.get("cuda_kernels")) for label, run in runs])
+    if "host_syncs" in first:
+        lines += _count_table("host syncs per measured step by phase, rank 0 (CUDA sync debug mode):",
+                              [(label, run and run.get("host_syncs")) for label, run in runs])
     if "host_syncs_per_step" in first:
         lines.append("host syncs per measured step (CUDA sync debug mode): " + ", ".join(
             f"rank {r['rank']}: {r['host_syncs_per_step']:.1f}" for r in ranks))

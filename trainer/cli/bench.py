@@ -219,11 +219,15 @@ def _add_step(benchmarks) -> None:
 
     parser = _add_bench(
         benchmarks, "step", StepBenchSettings, _run_step,
-        help="the whole training step of a job config: images/s per rank and where the step's time goes",
+        help="the whole training step of a job config: images/s per rank, where the step's time goes, and a "
+        "plain PyTorch baseline (--baseline)",
         description="Runs the real trainer of --config on --ranks local processes (GPUs when there are, CPU ranks "
-        "otherwise) on synthetic shards or --shards, after measuring its loader alone; prints per rank images/s, "
+        "otherwise) on one synthetic batch made once on the device (--data synthetic) or through its loader "
+        "(--data loader: synthetic shards or --shards, the loader also measured alone); prints per rank images/s, "
         "the seconds per step of each phase (data wait, forward, objective, backward, optimizer, checkpoint), the "
-        "loader's headroom and, on GPUs, host syncs per step.")
+        "ops each phase dispatches, on GPUs its host syncs and CUDA kernels, and with --data loader the loader's "
+        "headroom.  --baseline also runs the job's network in a plain PyTorch loop (DDP, torch's foreach/fused "
+        "optimizer kernels, no classifier) on the same ranks and batch, and prints the job's images/s over its.")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                         help="override a value of the job config (repeatable)")
 
