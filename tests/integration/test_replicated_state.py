@@ -80,8 +80,8 @@ def test_running_statistics_are_averaged_and_divergence_is_named():
 
 def test_sync_batch_norm_converts_on_cpu_ranks_and_is_checked_in_the_config():
     model = _network()
-    assert apply_batch_norm_mode(model, "local", torch.device("cpu"), 2, None) is model
-    converted = apply_batch_norm_mode(_network(), "sync", torch.device("cpu"), 2, None)  # gloo ranks too
+    assert apply_batch_norm_mode(model, "local", None) is model
+    converted = apply_batch_norm_mode(_network(), "sync", None)  # gloo ranks too
     assert sum(isinstance(m, SyncBatchNorm) for m in converted.modules()) == 2
     assert converted.state_dict().keys() == model.state_dict().keys()  # checkpoints load in either mode
     with pytest.raises(ValueError, match="batch_norm='shared' is invalid"):

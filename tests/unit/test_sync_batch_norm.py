@@ -34,7 +34,7 @@ def test_a_one_process_sync_model_trains_with_bf16_parameters_and_fp32_statistic
     """The one-GPU SwAV run: every BatchNorm (the head's BatchNorm1d included) takes the mix."""
     torch.manual_seed(0)
     model = build_model(ModelConfig(arch="resnet10", small_input_stem=True, batch_norm="sync"))
-    model = _as_deepspeed_casts_it(apply_batch_norm_mode(model, "sync", torch.device("cpu"), 1, None))
+    model = _as_deepspeed_casts_it(apply_batch_norm_mode(model, "sync", None))
     images = torch.randn(4, 3, 16, 16).to(torch.bfloat16)
     model(images).float().square().mean().backward()
     batch_norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]

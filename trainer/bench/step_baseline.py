@@ -101,8 +101,7 @@ class PlainStep:
         self.dtype = torch.float32 if self.precision == "fp32" else torch.bfloat16  # the batch's, engine_dtype's
         reseed(config.seed, 0, 0)  # the trainer's initial network
         model = build_model(config.model)
-        model = apply_batch_norm_mode(model, config.model.batch_norm, device, dims.world_size,
-                                      dims.data_parallel_group).to(device)
+        model = apply_batch_norm_mode(model, config.model.batch_norm, dims.data_parallel_group).to(device)
         lr = scaled_lr(config.optim.base_lr, config.optim.base_batch, config.data.loader.batch_size * dims.world_size)
         stepped = model
         self.masters: list[torch.Tensor] = []

@@ -106,8 +106,7 @@ class Trainer:
         # Scored next to the trained network: does training beat the architecture alone?
         self.evaluation = TrainingEvaluation(config, dims, model, self.log, self.metrics,
                                              self._say) if config.data.eval_shards else None
-        model = apply_batch_norm_mode(model, config.model.batch_norm, dims.device, dims.world_size,
-                                      dims.data_parallel_group)
+        model = apply_batch_norm_mode(model, config.model.batch_norm, dims.data_parallel_group)
         if config.model.compile:
             model.compile()  # in place: DeepSpeed's engine and the checkpoints see the same module and names
         ds_config = load_deepspeed_config(config.deepspeed_config, loader_config.batch_size,

@@ -29,12 +29,11 @@ from trainer.parallel.sync_batch_norm import convert_to_sync_batch_norm
 BATCH_NORM_MODES = ("local", "sync")
 
 
-def apply_batch_norm_mode(model: nn.Module, mode: str, device: torch.device, world_size: int,
-                          group: Group) -> nn.Module:
+def apply_batch_norm_mode(model: nn.Module, mode: str, group: Group) -> nn.Module:
     """``model`` with its BatchNorm layers as ``mode`` asks (``sync``: converted in place, the
     state dict's keys unchanged, so checkpoints load in either mode).  ``group``: the data-parallel
-    group, None in a one-process run (the layers are then plain BatchNorm); ``device`` and
-    ``world_size`` are accepted for the caller's sake, ``sync`` runs on any device."""
+    group, None in a one-process run (the layers are then plain BatchNorm); ``sync`` runs on any
+    device."""
     if mode not in BATCH_NORM_MODES:
         raise ValueError(f"model.batch_norm={mode!r} is invalid: use local (per-rank statistics, averaged before "
                          "every evaluation and save) or sync (statistics of the global batch)")
