@@ -4,6 +4,8 @@ flag or a norm on the host), and the registry's own contract."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -171,3 +173,30 @@ def test_the_conditional_step_reads_nothing_on_the_host_on_a_gpu(name):
             for _ in range(2):
                 optimizer.step(apply=flag)
     assert recorder.syncs == []
+
+
+def test_sgd_steps_a_param_group_with_foreach_kernels_and_the_per_tensor_loops_numbers():
+    """One op per update for the whole group (what a GPU launches: torch's CUDA default), on every
+    device, with the numbers of torch's per-tensor loop bit for bit."""
+    from torch import nn
+
+    from trainer.bench.op_counting import OpCounter
+    from trainer.optim import OptimizerSettings, build_optimizer
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(5)])  # 10 tensors
+    reference = copy.deepcopy(model)
+    optimizer = build_optimizer(OptimizerSettings(name="sgd", momentum=0.9, weight_decay=1e-4), model, 0.1)
+    looped = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4, foreach=False)
+    for step in range(3):
+        for network in (model, reference):
+            network(torch.randn(2, 4, generator=torch.Generator().manual_seed(step))).pow(2).sum().backward()
+        with OpCounter() as ops:
+            optimizer.step()
+        looped.step()
+        optimizer.zero_grad()
+        looped.zero_grad()
+    assert all(name.startswith("aten._foreach") for name in ops.by_op), ops.by_op
+    assert ops.total <= 4  # decay, momentum (mul, add), update: not 10 tensors x 3 ops
+    for mine, theirs in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(mine, theirs)
