@@ -45,7 +45,8 @@ torch.version.cuda, 'triton', triton.__version__, torch.cuda.get_device_name(0))
 
 export -f env_facts
 export PY OUT
-ITEMS=${*:-env selftest classifier dry-run step sweep classifier-1m pytest}
+# Highest value first (docs/gpu-results.md keeps the ranked list and what each lending measured).
+ITEMS=${*:-env step sweep selftest pytest step-compiled classifier dry-run classifier-1m}
 # The autotuner's timing runs allocate: memory comparisons (dry run, tests) take each kernel's first config.
 for what in $ITEMS; do
     case $what in
@@ -58,11 +59,17 @@ for what in $ITEMS; do
         --ranks 64 --num-instances 14197122 --compare 0 --steps 4 --set objective.smoothing_alpha=0 --on-device ;;
     fused) item 240 "fused kernels vs float64 on the GPU" env INSTCLS_TEST_GPU=1 $PY -m pytest -p no:cacheprovider \
         -m gpu tests/unit/test_fused_kernel.py -q -rA ;;
-    step) for co2 in ${STEP_CO2:-0 0.3}; do
-        item 200 "bench step ResNet-50 co2_alpha=$co2" $CLI bench step --config configs/in21k_r50_64gpu.yaml \
-            --ranks 1 --steps 15 --warmup 5 --image-size 160 --set data.loader.backend=torch \
-            --set objective.co2_alpha=$co2 --json "$OUT/step-co2-$co2.json"
+    step) for ds in ${STEP_DS:-zero0_autocast_bf16 zero2_bf16 zero1_bf16}; do  # the shipped one first
+        item 150 "bench step ResNet-50 $ds, beside its plain baseline" $CLI bench step \
+            --config configs/in21k_r50_64gpu.yaml --ranks 1 --steps 15 --warmup 5 --baseline \
+            --set deepspeed_config=ds_configs/$ds.json --json "$OUT/step-$ds.json"
         done ;;
+    step-compiled) item 300 "bench step ResNet-50, backbone compiled" $CLI bench step \
+        --config configs/in21k_r50_64gpu.yaml --ranks 1 --steps 15 --warmup 10 --baseline \
+        --set model.compile=true --json "$OUT/step-compiled.json" ;;
+    step-loader) item 200 "bench step ResNet-50 through the torch loader" $CLI bench step \
+        --config configs/in21k_r50_64gpu.yaml --ranks 1 --steps 15 --warmup 5 --data loader --image-size 160 \
+        --set data.loader.backend=torch --json "$OUT/step-loader.json" ;;
     sweep) item 240 "DDP vs DHP, rank 0 of 64 on this GPU" $CLI bench ddp-vs-dhp --ranks 64 --batch 4096 \
         --fake-devices 32 --on-device ;;
     classifier-1m) item 150 "bench classifier N=1000000" $CLI bench classifier --ranks 1 --num-classes 1000000 \
