@@ -118,9 +118,11 @@ class OptimSection:
     on_nonfinite: what a NaN or inf loss on any rank does.  "stop" (default): found at no cost on
         the device, the run stops at the next log step or save with the last good checkpoint
         named.  "skip_step": the step's update is dropped on every rank (weights, momentum, the
-        objective's state and BatchNorm statistics stay as before it) and counted; deciding
-        before the backward reads one flag from the device per step, folded into the step's
-        SIGTERM all-reduce.
+        objective's state and BatchNorm statistics stay as before it) and counted.  With
+        ``instance`` at ZeRO stage 0 the decision is a flag on the device (a NaN or inf loss or
+        gradient), read on log steps only (``trainer.engine.device_skip``); otherwise it is made
+        before the backward from the loss, one flag read from the device per step, folded into
+        the step's SIGTERM all-reduce.
     max_skipped_in_a_row: under "skip_step", stop after this many consecutive skipped steps
         (the model itself has gone bad, not one batch).
     """

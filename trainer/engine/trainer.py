@@ -11,7 +11,8 @@ The trainer never names a method: everything method-specific is behind ``trainer
 Host syncs happen only on log steps (loss value, input validation, NaN check, comm timers) and on
 checkpoint steps.  SIGTERM is agreed on with one tiny CPU all-reduce per step that runs in the
 background and is read a step later (``StopSignal.stop_after_step``); under ``optim.on_nonfinite:
-skip_step`` a blocking one also agrees, before the backward, whether any rank's loss is finite.
+skip_step`` the step is dropped by a flag on the device (``DeviceStepSkipper``: instance at ZeRO-0)
+or, elsewhere, a blocking all-reduce agrees before the backward whether any rank's loss is finite.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from trainer.classifier.classifier_config import HeadSettings
 from trainer.config import JobConfig
 from trainer.engine.deepspeed_host_syncs import host_reads_per_step
 from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, load_deepspeed_config
+from trainer.engine.device_skip import DeviceStepSkipper
 from trainer.engine.gradient_watch import GradientWatch, PoisonGradient
 from trainer.engine.replicated_state import OneNetwork
 from trainer.engine.run_record import RunRecord
@@ -155,6 +157,14 @@ class Trainer:
                                             dims.device)
         self.skipper = StepSkipper(self.engine.module, self.objective, config.optim.max_skipped_in_a_row, self.metrics,
                                    self.log, self._say)
+        # skip_step decided on the device (no host read per step) where the gradients are whole on
+        # every rank before the step and the objective allows it; else the blocking agreement above
+        self.device_skip = None
+        if self.skip_nonfinite and self.objective.skips_on_device and self.engine.zero_optimization_stage() == 0:
+            self.device_skip = DeviceStepSkipper(
+                self.engine.module, getattr(self.backbone_optimizer, "optimizer", self.backbone_optimizer),
+                self.objective, dims.data_parallel_group, dims.device, config.optim.max_skipped_in_a_row,
+                self.metrics, self.log, self._say)
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -199,6 +209,8 @@ class Trainer:
         config, state = self.config, self.state
         self.engine.train()  # the objective's start-up pass (e.g. the contrastive prior) sees train-mode BatchNorm
         self.nonfinite.start_at(state.global_step)
+        if self.device_skip is not None:
+            self.device_skip.start_at(state.global_step)
         start = time.perf_counter()
         self.objective.on_train_start(self._encode, self._inference_batches)
         kernel = (f"; {config.objective.kernel_choice(config.data.loader.view_layout, self.dims.device)}"
@@ -258,6 +270,8 @@ class Trainer:
             self.checkpointer.poll()  # logs a background save that finished
             if log_step:
                 window = self.record.close_window()  # the throughput, before the syncs below
+                if self.device_skip is not None:
+                    self.device_skip.check(state.global_step, self.checkpointer.last_complete)
                 self.nonfinite.check(dims.control_group, state.global_step, str(self.checkpointer.last_complete or ""))
                 self.record.log_step(epoch, state.step_in_epoch, state.global_step, loss,
                                      self.schedules.backbone.lr_at(state.global_step - 1), self.objective, window)
@@ -306,7 +320,12 @@ class Trainer:
         reached (None: not reached yet)."""
         self.metrics.lr.set(self.schedules.apply(self.state.global_step, self.backbone_optimizer, self.objective))
         optimizers = self.objective.optimizers()
-        buffers = self.skipper.before_forward() if self.skip_nonfinite else None
+        blocking_skip = self.skip_nonfinite and self.device_skip is None
+        buffers = None
+        if self.device_skip is not None:
+            buffers = self.device_skip.before_forward()
+        elif blocking_skip:
+            buffers = self.skipper.before_forward()
         step = StepViews(views=self._forward_views(batch), instance_ids=batch.instance_ids, valid=batch.valid,
                          global_valid=batch.global_valid, epoch=self.state.epoch, step=self.state.global_step,
                          validate=validate, plan=batch.plan, next_plan=batch.next_plan)
@@ -314,7 +333,7 @@ class Trainer:
         self.phases.end("objective")
         loss = out.loss
         stop_agreed = None
-        if self.skip_nonfinite:
+        if blocking_skip:
             stop_agreed, nonfinite = self.stop_signal.agree(loss)
             if nonfinite:
                 self.skipper.skip(buffers, self.state.global_step + 1, self.checkpointer.last_complete)
@@ -324,13 +343,23 @@ class Trainer:
         self.phases.end("backward")
         fail_point("train.after_backward", self.state.global_step + 1)  # the fault drills' node loss mid-step
         wait_point("train.wait_for_sigterm", self.state.global_step + 1, lambda: self.stop_signal.requested)
+        apply = None
+        if self.device_skip is not None:
+            self.objective.after_backward()  # first: the rows' gradient, reduced, is part of the flag
+            apply = self.device_skip.decide(loss)
         self.engine.step()
-        self.objective.after_backward()
+        if apply is None:
+            self.objective.after_backward()
         for optimizer in optimizers:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         self.phases.end("optimizer")
-        self.nonfinite.observe(loss, self.gradient_watch.take())
+        gradients_bad = self.gradient_watch.take()
+        if apply is not None:  # a dropped step is by design: the watch sees the kept ones
+            self.device_skip.after_step(apply, buffers)
+            self.nonfinite.observe(torch.where(apply, loss.detach(), torch.zeros_like(loss)), gradients_bad & apply)
+        else:
+            self.nonfinite.observe(loss, gradients_bad)
         return (loss if out.reported is None else out.reported).detach(), stop_agreed
 
     # -- evaluation ------------------------------------------------------------------------

@@ -162,7 +162,15 @@ class LossOut:
 
 
 class Objective:
-    """Subclasses set what they need; the defaults do nothing."""
+    """Subclasses set what they need; the defaults do nothing.
+
+    ``skips_on_device``: under ``optim.on_nonfinite: skip_step``, a dropped step can be decided on the
+    device with no host read (``trainer.engine.device_skip``): the objective's only per-step state is
+    what its ``optimizers()`` step, and each is one of torch's fused optimizers or the registry's.
+    False (the default): the trainer agrees before the backward, blocking, and calls ``skip_step``.
+    """
+
+    skips_on_device: bool = False
 
     def __init__(self, config: ObjectiveConfig, context: ObjectiveContext) -> None:
         self.config = config

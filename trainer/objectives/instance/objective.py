@@ -95,6 +95,10 @@ class InstanceObjective(Objective):
 
     # -- the seam ------------------------------------------------------------------------------
 
+    # Its per-step state is W and its momentum, stepped by the fused SGD (update_in_backward is
+    # refused under skip_step), so a dropped step can be decided on the device.
+    skips_on_device = True
+
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return [self.optimizer]
 
