@@ -119,11 +119,13 @@ def test_sync_batch_norm_equals_batch_norm_over_the_concatenated_batch(sizes):
 
 
 @pytest.mark.slow  # a training run (about a minute); the layer's maths are checked above in seconds
-def test_a_two_rank_swav_run_with_sync_batch_norm_trains_under_bf16_zero1_with_identical_statistics(
+def test_a_two_rank_swav_run_with_sync_batch_norm_trains_under_zero1_with_identical_statistics(
         digits_split, tmp_path):
-    """The SwAV recipe's setting (model.batch_norm: sync, bf16 ZeRO-1) through the real trainer on
-    gloo CPU ranks: every rank's BatchNorm statistics are the same, bit for bit, at every save."""
-    settings = ["model.batch_norm=sync", "deepspeed_config=ds_configs/zero1_bf16.json", "max_steps=6",
+    """The SwAV recipe's setting (model.batch_norm: sync, ZeRO-1) through the real trainer on gloo CPU
+    ranks: every rank's BatchNorm statistics are the same, bit for bit, at every save.  fp32: on CPU
+    ranks torch's bf16 convolution returns a garbage weight gradient now and then for the 1 x 1 maps
+    of the 16 px crops at layer4 (docs/training.md); the bf16 parameters are checked above."""
+    settings = ["model.batch_norm=sync", "deepspeed_config=ds_configs/zero1.json", "max_steps=6",
                 "checkpoint.every_steps=3"]
     run_train(tmp_path, digits_split, 2, FAST + settings, config="swav_demo_cpu.yaml")
     for checks in replica_checks(tmp_path, 2):  # every replicated entry agrees, the statistics included

@@ -7,7 +7,8 @@ stage 0, this rank's flat partitions at 1-2, its partitions at 3; at 1-2 once pe
 folds one norm of each (a foreach kernel) into a flag on the device.  Nothing is read here: the
 trainer passes the flag to ``NonFiniteWatch``, which is read on log steps and before saves.  A rank
 that sees only its own partition flags only its own part; the check's all-reduce over the ranks
-makes it everyone's.
+makes it everyone's.  A config whose DeepSpeed optimizer checks for overflow itself drops such a
+step before the optimizer runs; the trainer passes that on (``take(dropped_by_deepspeed=True)``).
 """
 
 from __future__ import annotations
@@ -33,8 +34,13 @@ class GradientWatch:
         total = torch.stack([norm.float() for norm in norms]).sum()
         self._bad = self._bad | ~torch.isfinite(total).to(self.device)
 
-    def take(self) -> torch.Tensor:
+    def take(self, dropped_by_deepspeed: bool = False) -> torch.Tensor:
+        """``dropped_by_deepspeed``: DeepSpeed's own overflow check dropped the step (its
+        ``skipped_steps`` grew; only the configs that read the host every step check), so the
+        optimizer never saw the gradients: they count as non-finite, not as a silent skip."""
         bad, self._bad = self._bad, torch.zeros((), dtype=torch.bool, device=self.device)
+        if dropped_by_deepspeed:
+            bad = torch.ones((), dtype=torch.bool, device=self.device)
         return bad
 
     def remove(self) -> None:

@@ -347,6 +347,7 @@ class Trainer:
         if self.device_skip is not None:
             self.objective.after_backward()  # first: the rows' gradient, reduced, is part of the flag
             apply = self.device_skip.decide(loss)
+        skipped_by_deepspeed = self.engine.skipped_steps  # a host int: DeepSpeed's own overflow drops
         self.engine.step()
         if apply is None:
             self.objective.after_backward()
@@ -354,7 +355,7 @@ class Trainer:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         self.phases.end("optimizer")
-        gradients_bad = self.gradient_watch.take()
+        gradients_bad = self.gradient_watch.take(self.engine.skipped_steps != skipped_by_deepspeed)
         if apply is not None:  # a dropped step is by design: the watch sees the kept ones
             self.device_skip.after_step(apply, buffers)
             self.nonfinite.observe(torch.where(apply, loss.detach(), torch.zeros_like(loss)), gradients_bad & apply)
