@@ -9,7 +9,7 @@ all-reduce of one number on the device.  The flag then travels to everything the
 - the objective's optimizers take it too: torch's fused optimizers as ``found_inf`` (their kernels
   skip the update, momentum included), the registry's as a step condition;
 - BatchNorm's running statistics, which the forward already moved, are put back where it says
-  (``torch.where`` from the copy taken before the forward).
+  (``torch.where`` from ``StepSkipper.before_forward``'s copy).
 
 Counters on the device (steps dropped since the last look, in a row, the last one) are read on log
 steps only: the log event, the metric, and the stop after ``optim.max_skipped_in_a_row`` come then.
@@ -27,14 +27,9 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from trainer.engine.gradient_watch import all_finite
 from trainer.engine.stop_conditions import NonFiniteLossError, what_to_do_after_nonfinite
 from trainer.optim import ConditionalStep
-
-
-def _all_finite(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """0-dim bool: no NaN or infinity in any of ``tensors`` (one foreach norm, no host read)."""
-    norms = torch._foreach_norm(tensors)
-    return torch.isfinite(torch.stack([norm.float() for norm in norms]).sum())
 
 
 def _condition(optimizer: torch.optim.Optimizer, apply: torch.Tensor | None) -> None:
@@ -79,10 +74,6 @@ class DeviceStepSkipper:
     def start_at(self, step: int) -> None:
         self.step.fill_(step)
 
-    def before_forward(self) -> list[torch.Tensor]:
-        """BatchNorm's running statistics, which the forward changes (kilobytes), to put back."""
-        return [buffer.clone() for buffer in self.module.buffers()]
-
     def decide(self, loss: torch.Tensor) -> torch.Tensor:
         """After the backward, before any optimizer steps: the agreed flag (0-dim bool, True: keep the
         step), handed to every optimizer of the step."""
@@ -91,7 +82,7 @@ class DeviceStepSkipper:
                       for p in group["params"] if p.grad is not None]
         keep = torch.isfinite(loss.detach()).all()
         if gradients:
-            keep = keep & _all_finite(gradients)
+            keep = keep & all_finite(gradients)
         bad = (~keep).to(torch.int32).reshape(1)
         if self.group is not None:
             dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=self.group)  # on the device: nothing waits

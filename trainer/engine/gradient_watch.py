@@ -16,6 +16,14 @@ from __future__ import annotations
 import torch
 
 
+def all_finite(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """0-dim bool on the tensors' device: no NaN or infinity in any of ``tensors`` (a NaN or an
+    infinity anywhere makes its tensor's norm, then the sum, non-finite; one foreach norm, no host
+    read)."""
+    norms = torch._foreach_norm(tensors)
+    return torch.isfinite(torch.stack([norm.float() for norm in norms]).sum())
+
+
 class GradientWatch:
     """``take()`` after each step: a 0-dim bool on the device, True if any gradient the optimizer
     stepped since the last ``take()`` held a NaN or an infinity."""
@@ -27,12 +35,8 @@ class GradientWatch:
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args, kwargs) -> None:
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        if not grads:
-            return
-        # A NaN or an infinity anywhere makes its tensor's norm, then the sum, non-finite.
-        norms = torch._foreach_norm(grads)
-        total = torch.stack([norm.float() for norm in norms]).sum()
-        self._bad = self._bad | ~torch.isfinite(total).to(self.device)
+        if grads:
+            self._bad = self._bad | ~all_finite(grads).to(self.device)
 
     def take(self, dropped_by_deepspeed: bool = False) -> torch.Tensor:
         """``dropped_by_deepspeed``: DeepSpeed's own overflow check dropped the step (its

@@ -152,19 +152,19 @@ class Trainer:
         self.metrics.epochs_planned.set(config.optim.epochs)
         self.stop_signal = StopSignal(dims.control_group)
         self.nonfinite = NonFiniteWatch(dims.device)
-        # The gradients DeepSpeed hands the optimizer it wraps, whatever the ZeRO stage.
-        self.gradient_watch = GradientWatch(getattr(self.backbone_optimizer, "optimizer", self.backbone_optimizer),
-                                            dims.device)
         self.skipper = StepSkipper(self.engine.module, self.objective, config.optim.max_skipped_in_a_row, self.metrics,
                                    self.log, self._say)
+        stepped_by_deepspeed = getattr(self.backbone_optimizer, "optimizer", self.backbone_optimizer)  # unwrapped
         # skip_step decided on the device (no host read per step) where the gradients are whole on
         # every rank before the step and the objective allows it; else the blocking agreement above
-        self.device_skip = None
+        self.device_skip = self.gradient_watch = None
         if self.skip_nonfinite and self.objective.skips_on_device and self.engine.zero_optimization_stage() == 0:
             self.device_skip = DeviceStepSkipper(
-                self.engine.module, getattr(self.backbone_optimizer, "optimizer", self.backbone_optimizer),
-                self.objective, dims.data_parallel_group, dims.device, config.optim.max_skipped_in_a_row,
-                self.metrics, self.log, self._say)
+                self.engine.module, stepped_by_deepspeed, self.objective, dims.data_parallel_group, dims.device,
+                config.optim.max_skipped_in_a_row, self.metrics, self.log, self._say)
+        else:  # (the device skip checks the same gradients itself, before the step)
+            # The gradients DeepSpeed hands the optimizer it wraps, whatever the ZeRO stage.
+            self.gradient_watch = GradientWatch(stepped_by_deepspeed, dims.device)
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -321,11 +321,7 @@ class Trainer:
         self.metrics.lr.set(self.schedules.apply(self.state.global_step, self.backbone_optimizer, self.objective))
         optimizers = self.objective.optimizers()
         blocking_skip = self.skip_nonfinite and self.device_skip is None
-        buffers = None
-        if self.device_skip is not None:
-            buffers = self.device_skip.before_forward()
-        elif blocking_skip:
-            buffers = self.skipper.before_forward()
+        buffers = self.skipper.before_forward() if self.skip_nonfinite else None  # either path puts them back
         step = StepViews(views=self._forward_views(batch), instance_ids=batch.instance_ids, valid=batch.valid,
                          global_valid=batch.global_valid, epoch=self.state.epoch, step=self.state.global_step,
                          validate=validate, plan=batch.plan, next_plan=batch.next_plan)
@@ -355,12 +351,11 @@ class Trainer:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         self.phases.end("optimizer")
-        gradients_bad = self.gradient_watch.take(self.engine.skipped_steps != skipped_by_deepspeed)
-        if apply is not None:  # a dropped step is by design: the watch sees the kept ones
+        if apply is not None:  # a dropped step is by design: the watch sees the kept ones, finite by the flag
             self.device_skip.after_step(apply, buffers)
-            self.nonfinite.observe(torch.where(apply, loss.detach(), torch.zeros_like(loss)), gradients_bad & apply)
+            self.nonfinite.observe(torch.where(apply, loss.detach(), torch.zeros_like(loss)))
         else:
-            self.nonfinite.observe(loss, gradients_bad)
+            self.nonfinite.observe(loss, self.gradient_watch.take(self.engine.skipped_steps != skipped_by_deepspeed))
         return (loss if out.reported is None else out.reported).detach(), stop_agreed
 
     # -- evaluation ------------------------------------------------------------------------
