@@ -135,3 +135,48 @@ def test_metadata_naming_an_object_entry_is_refused(tmp_path):
     (tmp_path / ".metadata").write_bytes(pickle.dumps(metadata))
     with pytest.raises(UnsafeCheckpointError, match="refusing to load it: .*BytesStorageMetadata"):
         read_metadata(tmp_path)
+
+
+class _EnumsByName(pickle.Pickler):
+    """Pickles enum members as ``getattr(EnumClass, "NAME")``, as Python 3.11.2 does."""
+
+    def reducer_override(self, obj):
+        import enum
+        if isinstance(obj, enum.Enum):
+            return getattr, (type(obj), obj.name)
+        return NotImplemented
+
+
+def _pickle_enums_by_name(obj) -> bytes:
+    import io
+    buffer = io.BytesIO()
+    _EnumsByName(buffer).dump(obj)
+    return buffer.getvalue()
+
+
+def test_metadata_pickled_with_enums_by_name_loads(tmp_path):
+    """A checkpoint written under another Python release (enum members pickled through getattr)
+    resumes: the same rows come back."""
+    _save(tmp_path, (0, 4), (4, 10))
+    original = read_metadata(tmp_path)
+    by_name = _pickle_enums_by_name(original)
+    assert b"getattr" in by_name
+    (tmp_path / ".metadata").write_bytes(by_name)
+    metadata = read_metadata(tmp_path)
+    assert metadata.state_dict_metadata == original.state_dict_metadata
+    assert torch.equal(read_full_rows(tmp_path)["weight"], FULL)
+
+
+def test_getattr_in_metadata_reaches_enum_members_only(tmp_path):
+    """getattr is admitted for members of enums, never for other attributes."""
+    import pathlib
+    _save(tmp_path, (0, 10))
+
+    class _GetsAMethod:
+        def __reduce__(self):
+            return getattr, (pathlib.PosixPath, "touch")
+
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(_GetsAMethod()))
+    with pytest.raises(UnsafeCheckpointError, match=r"refusing to load it: Unsupported call: getattr\('PosixPath', "
+                                                    r"'touch'\)"):
+        read_metadata(tmp_path)

@@ -25,6 +25,7 @@ its writer thread on a process group of its own.
 
 from __future__ import annotations
 
+import enum
 import pickle
 import warnings
 from pathlib import Path
@@ -97,8 +98,21 @@ def save_rows(folder: Path, rows: dict[str, torch.Tensor], group) -> list[str]:
     return writer.written
 
 
+def _enum_member(cls, name: str):
+    """``getattr(cls, name)`` for one member of an admitted enum, nothing else.  Python 3.11.2
+    (Debian bookworm's) pickles an enum member such as DCP's ``_MEM_FORMAT_ENCODING`` as
+    ``getattr(EnumClass, "NAME")``, 3.11.7 as ``EnumClass(value)``: a checkpoint written under
+    either must load under both (a job resumed in another image)."""
+    if not (isinstance(cls, type) and issubclass(cls, enum.Enum)) or name not in cls.__members__:
+        raise pickle.UnpicklingError(f"Unsupported call: getattr({getattr(cls, '__name__', cls)!r}, {name!r}) "
+                                     "(only members of DCP's enums)")
+    return cls.__members__[name]
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member
         if (module, name) in _METADATA_GLOBALS or (module == "torch" and isinstance(getattr(torch, name, None),
                                                                                       torch.dtype)):
             return super().find_class(module, name)
