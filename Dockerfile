@@ -21,12 +21,14 @@ COPY pyproject.toml README.md ./
 RUN mkdir -p trainer data_pipeline \
     && touch trainer/__init__.py data_pipeline/__init__.py \
     && pip install . \
-    && pip uninstall -y instcls
+    && pip uninstall -y instcls \
+    && rm -rf build instcls.egg-info
 COPY trainer ./trainer
 COPY data_pipeline ./data_pipeline
 COPY configs ./configs
 COPY ds_configs ./ds_configs
-RUN pip install --no-deps .
+# pip builds in the source tree: its build/ and egg-info are not part of the image.
+RUN pip install --no-deps . && rm -rf build instcls.egg-info
 
 RUN useradd --create-home --uid 1000 instcls \
     && mkdir -p /data /checkpoints \

@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: install prometheus lint test test-unit test-all test-gpu test-gpu-offline gpu-check demo ablate drill rehearsal bench-classifier clean
+.PHONY: image image-check install prometheus lint test test-unit test-all test-gpu test-gpu-offline gpu-check demo ablate drill rehearsal bench-classifier clean
 
 $(INSTALLED): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -58,6 +58,18 @@ test-gpu-offline:
 # Everything a GPU machine can show, in one prepared run with wheels carried in .whl/ (docs/gpu-results.md).
 gpu-check:
 	PYTHON=$(PYTHON) scripts/gpu_check.sh
+
+# The training image from the Dockerfile, as localhost/instcls:<version>: `docker build` when a Docker
+# daemon answers; otherwise (as root) buildah, installed with mmdebstrap when missing, on a Debian
+# base made once with mmdebstrap in place of the registry's python:3.11-slim-bookworm (docs/cluster.md).
+# About 6 GB of wheels are downloaded into it.
+image:
+	$(PYTHON) -m scripts.image.build
+
+# The image built, then run the way the Kubernetes pod runs it (the manifest's command, user, environment
+# and volumes): selftest, plan, 2-rank training with a checkpoint and a resume, kNN; out/image-check/.
+image-check: $(INSTALLED)
+	$(BIN)/python -m scripts.image.check
 
 # The main job on the embedded default (~5 minutes): digit scenes, the scikit-learn digits drawn
 # in random colours on random flat colours (80% to train on, 20% held out), as WebDataset shards;

@@ -1,0 +1,55 @@
+"""`make image`: build the Dockerfile as ``instcls:<version>`` with Docker, or with buildah on a
+base made locally (``base_image.py``) when no Docker daemon answers.  Prints the image's size."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+from scripts.image.base_image import ensure_base
+from scripts.image.engines import Buildah, Docker, ImageToolError, pick_engine
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def package_version() -> str:
+    match = re.search(r'^version\s*=\s*"([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
+    if not match:
+        raise ImageToolError("pyproject.toml has no version = \"...\" line to tag the image with")
+    return match.group(1)
+
+
+def default_tag() -> str:
+    return f"localhost/instcls:{package_version()}"
+
+
+def build_image(tag: str) -> Docker | Buildah:
+    """Build ``tag`` from the repository's Dockerfile; the engine that did."""
+    engine = pick_engine()
+    print(f"building {tag} with {engine.name}", flush=True)
+    if isinstance(engine, Buildah):
+        ensure_base()
+    started = time.monotonic()
+    engine.build(tag, ROOT)
+    print(f"built {tag} with {engine.name} in {time.monotonic() - started:.0f} s: "
+          f"{engine.size(tag)}", flush=True)
+    return engine
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tag", default=None, help="image name (default localhost/instcls:<package version>)")
+    args = parser.parse_args(argv)
+    try:
+        build_image(args.tag or default_tag())
+    except ImageToolError as error:
+        print(f"make image: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""What `make image` and `make image-check` read from the repository: the pod's spec from the
+training manifest, the Dockerfile's base, the pins the image must hold, and the read-only-root
+comparison.  Building and running the image is `tests/integration/test_image_check.py` (slow)."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scripts.image.base_image import debian_suite, dockerfile_base
+from scripts.image.check import CHECKPOINTS_DIR, CONFIG_DIR, SHARDS_DIR, pinned_versions, read_only_root
+from scripts.image.pod_spec import MANIFEST, read_pod_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_pod_spec_is_the_manifests_master_container():
+    """Independent reading: the manifest's YAML walked by hand."""
+    pod = read_pod_spec()
+    container = yaml.safe_load(MANIFEST.read_text())["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"][
+        "containers"][0]
+    assert pod.command == tuple(container["command"] + container["args"])
+    assert pod.command[:2] == ("instcls", "launch")
+    assert pod.env == {e["name"]: e["value"] for e in container["env"]}
+    assert (pod.user, pod.group) == (1000, 1000)
+    assert pod.read_only_root
+    assert pod.mount(SHARDS_DIR).read_only and pod.mount(CONFIG_DIR).read_only
+    assert not pod.mount(CHECKPOINTS_DIR).read_only and not pod.mount("/tmp").read_only
+    assert not pod.mount("/dev/shm").read_only
+
+
+def test_a_manifest_without_a_user_is_refused(tmp_path):
+    job = yaml.safe_load(MANIFEST.read_text())
+    spec = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    del spec["securityContext"]["runAsUser"]
+    spec["containers"][0]["securityContext"].pop("runAsUser", None)
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(yaml.safe_dump(job))
+    with pytest.raises(ValueError, match="sets no runAsUser"):
+        read_pod_spec(manifest)
+
+
+@pytest.mark.parametrize("line,name", [
+    ("FROM python:3.11-slim-bookworm", "docker.io/library/python:3.11-slim-bookworm"),
+    ("from --platform=linux/amd64 someone/python:3.11-slim-bookworm AS base",
+     "docker.io/someone/python:3.11-slim-bookworm"),
+    ("FROM registry.example.com/python:3.11-slim-bookworm", "registry.example.com/python:3.11-slim-bookworm"),
+])
+def test_the_base_is_named_as_docker_qualifies_it(tmp_path, line, name):
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text(f"# a comment\n{line}\nRUN true\n")
+    assert dockerfile_base(dockerfile) == name
+
+
+def test_the_repository_dockerfile_builds_on_a_base_mmdebstrap_can_make():
+    base = dockerfile_base(ROOT / "Dockerfile")
+    assert debian_suite(base) == "bookworm"
+    with pytest.raises(ValueError, match="only python:\\*-slim-<debian release>"):
+        debian_suite("docker.io/library/python:3.11-alpine")
+
+
+def test_the_pins_are_pyprojects_exact_dependencies():
+    """Independent reading through tomllib: every `==` of [project] dependencies, no extras."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    expected = {d.split("==")[0].strip(): d.split("==")[1].split(";")[0].strip() for d in dependencies if "==" in d}
+    assert pinned_versions() == expected
+    assert "torch" in expected and "pytest" not in pinned_versions()
+
+
+def test_a_write_outside_the_volumes_fails_the_read_only_root():
+    before = {"/etc": (0, 0), "/etc/passwd": (5, 100), "/usr/lib/x/__pycache__": (0, 0)}
+    unchanged = read_only_root(before, dict(before))
+    assert unchanged.ok and unchanged.detail.startswith("0 writes")
+    after = dict(before, **{"/etc/passwd": (6, 120), "/opt/new": (7, 1), "/usr/lib/x/__pycache__/m.pyc": (8, 9)})
+    changed = read_only_root(before, after)
+    assert not changed.ok
+    assert "2 writes outside the volumes: /etc/passwd, /opt/new" in changed.detail
+    assert "1 bytecode files" in changed.detail
