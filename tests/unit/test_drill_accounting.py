@@ -38,3 +38,23 @@ def test_a_sample_consumed_twice_or_skipped_is_reported(tmp_path):
     _write_logs(repeat, {0: [(1, [0, 0]), (2, [2, 3])]})
     _write_logs(tmp_path / "reference_repeat", {0: [(1, [0, 0]), (2, [2, 3])]})
     assert accounting_difference(repeat, tmp_path / "reference_repeat") == ("1 ids consumed more than once", 4)
+
+
+def test_after_a_shrink_a_step_counts_from_the_run_that_trained_it_last(tmp_path):
+    """Rank 1 of the 2-rank run logged step 2 before its peer's node was lost; the 1-rank run after
+    the restart trained step 2 again with the whole global batch.  Rank 1's stale record is not
+    added to it: the step's ids are the last run's (its token)."""
+    reference = tmp_path / "reference"
+    _write_logs(reference, {0: [(1, [0, 1]), (2, [4, 5])], 1: [(1, [2, 3]), (2, [6, 7])]})
+    shrunk = tmp_path / "shrunk" / "logs"
+    shrunk.mkdir(parents=True)
+
+    def consumed(time, run, step, ids):
+        return json.dumps({"time": time, "event": "consumed", "run": run, "step": step, "ids": ids})
+
+    (shrunk / "rank-00000.jsonl").write_text("\n".join([
+        consumed(1.0, "a", 1, [0, 1]), consumed(5.0, "b", 2, [4, 5, 6, 7])]) + "\n")
+    (shrunk / "rank-00001.jsonl").write_text("\n".join([
+        consumed(1.1, "a", 1, [2, 3]), consumed(2.0, "a", 2, [6, 7])]) + "\n")
+    assert consumed_ids(shrunk.parent) == {1: [0, 1, 2, 3], 2: [4, 5, 6, 7]}
+    assert accounting_difference(shrunk.parent, reference) == (None, 8)

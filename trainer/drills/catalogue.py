@@ -6,7 +6,8 @@ printed, never assumed.  Jobs train the embedded digits for 4 steps with a check
 The drills live by what they break: ``crashes`` (kills, a full disk, a damaged checkpoint),
 ``preemption`` (SIGTERM, to the launcher or to one rank), ``nonfinite`` (NaN losses), ``ports``
 (taken ports), ``tampered_files`` (a checkpoint or shard altered on disk), ``node_faults`` (a whole
-node of a two-node job lost, preempted or never started); ``context`` holds what they share.
+node of a two-node job lost, preempted or never started), ``elastic`` (a node lost for good
+under ``--nnodes 1:2``, and back); ``context`` holds what they share.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from trainer.drills.crashes import (
     rank_killed_mid_step,
     rank_killed_while_saving,
 )
+from trainer.drills.elastic import node_lost_for_good, node_returns
 from trainer.drills.node_faults import node_lost_and_replaced, node_never_arrives, node_preempted, store_host_lost
 from trainer.drills.nonfinite import loss_becomes_nan, nan_step_skipped
 from trainer.drills.ports import metrics_port_taken, rendezvous_port_taken, taken_port
@@ -53,5 +55,8 @@ DRILLS: dict[str, Callable[[DrillContext], DrillResult]] = {
     "node-preempted": node_preempted,
     "store-host-lost": store_host_lost,
     "node-never-arrives": node_never_arrives,
+    "node-lost-for-good": node_lost_for_good,
+    "node-returns": node_returns,
 }
-NODE_DRILLS = ("node-lost-and-replaced", "node-preempted", "store-host-lost", "node-never-arrives")  # two agents
+NODE_DRILLS = ("node-lost-and-replaced", "node-preempted", "store-host-lost", "node-never-arrives",  # two agents
+               "node-lost-for-good", "node-returns")

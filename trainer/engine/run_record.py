@@ -28,6 +28,7 @@ class RunRecord:
         self._window_phases: dict[str, float] = {}
         self._window_phase_steps = 0
         self.progress: ProgressLines | None = None
+        self.run: str | None = None  # the run's token (the trainer's), in its step records
         # Set to lists by `instcls bench step`: every step's host times, and its phases once the
         # device has passed them (host-side records only: keeping them costs the step nothing).
         self.step_history: list[dict[str, float]] | None = None
@@ -113,7 +114,8 @@ class RunRecord:
             if self._window_phase_steps else {}
         self._window_phases, self._window_phase_steps = {}, 0
         # null, not NaN, for a skipped step's loss: strict JSON readers (jq, log shippers) reject NaN
-        self.log.write(event="step", epoch=epoch, step=step, loss=round(loss_value, 5) if math.isfinite(loss_value)
+        self.log.write(event="step", epoch=epoch, step=step, run=self.run,
+                       loss=round(loss_value, 5) if math.isfinite(loss_value)
                        else None, lr=lr, images_per_s=round(images_per_second, 2), data_wait_s=round(data_wait, 4),
                        memory_bytes=memory, phase_seconds_per_step=phases,
                        **{f"objective_{name}": round(value, 4) for name, value in objective_metrics.items()})

@@ -18,7 +18,8 @@ or, elsewhere, a blocking all-reduce agrees before the backward whether any rank
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -26,13 +27,15 @@ import torch
 from data_pipeline.contract import ShardManifest, build_loader
 from trainer.checkpoint.async_checkpoint import AsyncCheckpointer
 from trainer.checkpoint.batch_norm_state import BatchNormState
-from trainer.checkpoint.checkpoint_files import resolve_resume_on_rank0
+from trainer.checkpoint.checkpoint_files import read_trainer_meta, resolve_resume_on_rank0
 from trainer.checkpoint.components import FieldsState, load_checkpoint
 from trainer.checkpoint.engine_state import EngineState
 from trainer.checkpoint.rng_state import RngState, reseed
 from trainer.checkpoint.run_fingerprint import refuse_another_jobs_checkpoint, run_fingerprint
 from trainer.classifier.classifier_config import HeadSettings
 from trainer.config import JobConfig
+from trainer.elastic.global_batch import split_global_batch
+from trainer.elastic.restart_cost import restart_cost
 from trainer.engine.deepspeed_host_syncs import host_reads_per_step
 from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, load_deepspeed_config
 from trainer.engine.device_skip import DeviceStepSkipper
@@ -55,6 +58,7 @@ from trainer.observability.tensorboard_scalars import open_tensorboard_scalars
 from trainer.observability.what_runs import what_runs
 from trainer.parallel import ParallelDims
 from trainer.parallel.batch_norm import apply_batch_norm_mode
+from trainer.parallel.rank0_work import run_on_rank0
 
 
 @dataclass
@@ -88,8 +92,24 @@ class Trainer:
             self.metrics.serve(config.logging.metrics_port + dims.local_rank, config.logging.metrics_bind)
         manifest = ShardManifest.load(config.data.train_shards)
         self.num_instances = manifest.num_instances
+        # The checkpoint first: its global batch sets this run's per-rank batch on any world size.
+        resumed = resolve_resume_on_rank0(resume, config.checkpoint.dir, dims, self._say)
+        # One token per run of the job, the same on its ranks: the records of a run restarted on
+        # other ranks (elastic) tell apart which run last trained a step.
+        self.run_token = run_on_rank0(lambda: uuid.uuid4().hex[:12],
+                                      dims.control_group if dims.is_distributed else None)
+        self.record.run = self.run_token
+        self.resumed_meta = read_trainer_meta(resumed) if resumed is not None else None
+        split = split_global_batch(config.data.loader.batch_size, dims.world_size,
+                                   *((self.resumed_meta.get("global_batch"), self.resumed_meta["world_size"])
+                                     if self.resumed_meta else (None, None)))
+        if split.changed:
+            config = self.config = replace(config, data=replace(config.data, loader=replace(
+                config.data.loader, batch_size=split.per_rank)))
+        if resumed is not None:
+            self._say(split.describe())
         loader_config = config.data.loader
-        self.global_batch = loader_config.batch_size * dims.world_size
+        self.global_batch = split.global_batch
         peak_lr = scaled_lr(config.optim.base_lr, config.optim.base_batch, self.global_batch)
 
         # The objective validates its settings against the data before DeepSpeed starts.
@@ -130,10 +150,12 @@ class Trainer:
 
         self.state = TrainerState()
         self.fingerprint = run_fingerprint(config, self.num_instances)
+        self.restarts = self.resumed_meta.get("restarts", 0) + 1 if self.resumed_meta else 0  # resumes so far
         # Everything a checkpoint holds, restored in this order: the RNG last, after the position
         # it reseeds from on a new world size and after anything that might draw from it.
         self.checkpoint_state = {
-            "trainer": FieldsState(self.state, num_instances=self.num_instances, fingerprint=self.fingerprint),
+            "trainer": FieldsState(self.state, num_instances=self.num_instances, fingerprint=self.fingerprint,
+                                   global_batch=self.global_batch, restarts=self.restarts),
             "engine": EngineState(self.engine, log=self._say, network_statistics=self._network_statistics),
             "batch_norm": BatchNormState(self.engine.module),  # each rank's own statistics, after the engine's
             "objective": self.objective,
@@ -142,7 +164,8 @@ class Trainer:
         }
         self.one_network = OneNetwork(self.engine.module, self.checkpoint_state, config.model.batch_norm, dims,
                                       self.engine.zero_optimization_stage() < 3, self.log, self._say)
-        if (resumed := resolve_resume_on_rank0(resume, config.checkpoint.dir, dims, self._say)) is not None:
+        self.metrics.world_size.set(dims.world_size)
+        if resumed is not None:
             self._restore(resumed)
         self.checkpointer = AsyncCheckpointer(config.checkpoint.dir, dims, config.checkpoint.keep_last, self._say,
                                               last_complete=resumed)
@@ -172,6 +195,14 @@ class Trainer:
         refuse_another_jobs_checkpoint(path, self.fingerprint)  # before any tensor fails to fit
         load_checkpoint(path, self.checkpoint_state, self.dims)
         self._say(f"resumed from {path} at epoch {self.state.epoch} step {self.state.global_step}")
+        self.metrics.restarts.set(self.restarts)
+        if self.dims.rank == 0:  # every rank's logs, read once
+            cost = restart_cost(self.config.logging.dir, time.time(), self.resumed_meta, self.dims.world_size)
+            self.log.write(event="restart", **cost.as_record())
+            self._say(cost.describe())
+            self.metrics.steps_lost.set(cost.steps_lost)
+            if cost.stopped_seconds is not None:
+                self.metrics.restart_seconds.set(cost.stopped_seconds)
 
     def _save(self, wait: bool = False) -> Path | None:
         """Checkpoint this step: the step waits for a snapshot and the files are written in the
@@ -262,7 +293,7 @@ class Trainer:
             state.global_step += 1
             state.step_in_epoch += 1
             if config.logging.consumed_ids:  # padding repeats are not consumed; host arrays: no device sync
-                self.log.write(event="consumed", epoch=epoch, step=state.global_step,
+                self.log.write(event="consumed", epoch=epoch, step=state.global_step, run=self.run_token,
                                ids=batch.host_instance_ids[batch.host_valid].tolist())
             self.record.step_done(batch.instance_ids.shape[0], data_wait, time.perf_counter() - step_start,
                                   state.step_in_epoch / self.steps_per_epoch)

@@ -35,6 +35,10 @@ METRIC_NAMES = (
     "instcls_eval_knn_accuracy",
     "instcls_bad_samples_skipped_total",
     "instcls_nonfinite_steps_skipped_total",
+    "instcls_world_size",
+    "instcls_restarts",
+    "instcls_restart_steps_lost",
+    "instcls_restart_stopped_seconds",
 )
 
 
@@ -83,6 +87,13 @@ class TrainingMetrics:
         self.epoch_progress = gauge("instcls_epoch_progress_ratio", "Fraction of the current epoch done.")
         self.steps_per_epoch = gauge("instcls_steps_per_epoch", "Steps in one epoch on this rank.")
         self.epochs_planned = gauge("instcls_epochs_planned", "Epochs the job is configured to train (for ETAs).")
+        self.world_size = gauge("instcls_world_size", "Ranks of the job since its last (re)start.")
+        self.restarts = gauge("instcls_restarts", "Resumes of this job from a checkpoint (0: never restarted).")
+        self.steps_lost = gauge("instcls_restart_steps_lost",
+                                "Steps trained after the checkpoint the last restart resumed, trained again (rank 0).")
+        self.restart_seconds = gauge("instcls_restart_stopped_seconds",
+                                     "Seconds from the last step logged before the last restart to its resume "
+                                     "(rank 0).")
         self.eval_knn = Gauge(
             "instcls_eval_knn_accuracy",
             "kNN accuracy on the held-out split at the last evaluation (label network: trained or random_init).",

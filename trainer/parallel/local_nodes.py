@@ -33,6 +33,7 @@ class Rendezvous:
 
     port: int
     nnodes: int = 2
+    min_nodes: int | None = None  # elastic: go on with as few as this many nodes (torchrun --nnodes MIN:MAX)
     nproc_per_node: int = 1
     max_restarts: int = 3
     join_timeout_s: int = 600
@@ -42,7 +43,8 @@ class Rendezvous:
     def agent_arguments(self, node: int) -> list[str]:
         """torchrun's arguments for ``node``: node 0 hosts the store at the endpoint."""
         conf = f"is_host={int(node == 0)},join_timeout={self.join_timeout_s},last_call_timeout={self.last_call_s}"
-        return ["--nnodes", str(self.nnodes), "--nproc-per-node", str(self.nproc_per_node),
+        nnodes = str(self.nnodes) if self.min_nodes is None else f"{self.min_nodes}:{self.nnodes}"
+        return ["--nnodes", nnodes, "--nproc-per-node", str(self.nproc_per_node),
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", RDZV_ID,
                 "--rdzv-conf", conf, "--max-restarts", str(self.max_restarts), "--local-addr", "127.0.0.1"]
 
