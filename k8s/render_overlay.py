@@ -11,8 +11,9 @@ The subset: ``resources`` (YAML files, and directories holding a Kustomization),
 (directories holding a Component, whose transformers act on the including kustomization's
 resources), ``images`` (``name`` -> ``newName``/``newTag``/``digest`` on every ``image`` of a
 ``containers`` or ``initContainers`` list, at any depth: kustomize does so for custom resources
-too) and ``sortOptions: {order: fifo}`` on the top kustomization (resources in the order listed,
-depth first, a component's after its parent's).  Any other field is refused with the file's name,
+too), ``patches`` (inline JSON 6902 patches, ops add/remove/replace, on the resources that match a
+``target`` by kind and name) and ``sortOptions: {order: fifo}`` on the top kustomization (resources
+in the order listed, depth first, a component's after its parent's).  Any other field is refused with the file's name,
 so a kustomization that grows a feature fails here instead of rendering something else.
 """
 
@@ -25,7 +26,8 @@ from pathlib import Path
 import yaml
 
 KUSTOMIZATION_NAMES = ("kustomization.yaml", "kustomization.yml", "Kustomization")
-FIELDS = {"apiVersion", "kind", "resources", "components", "images", "sortOptions"}
+FIELDS = {"apiVersion", "kind", "resources", "components", "images", "patches", "sortOptions"}
+PATCH_OPS = {"add", "remove", "replace"}
 IMAGE_FIELDS = {"name", "newName", "newTag", "digest"}
 CONTAINER_LISTS = ("containers", "initContainers")
 
@@ -82,7 +84,7 @@ def _load(directory: Path, kind: str) -> tuple[Path, dict]:
 
 
 def _build(directory: Path, kind: str, objects: list[dict] | None = None) -> list[dict]:
-    """Accumulate a kustomization's resources, then apply its components and its own images.
+    """Accumulate a kustomization's resources, then apply its components, its own patches and images.
 
     A Component is built onto ``objects`` (its parent's resources so far), which its images rewrite."""
     _, data = _load(directory, kind)
@@ -103,10 +105,56 @@ def _build(directory: Path, kind: str, objects: list[dict] | None = None) -> lis
             )
     for entry in data.get("components", []):
         objects = _build(directory / entry, "Component", objects)
+    for patch in data.get("patches", []):  # the kustomization's own transformers: after its components
+        _apply_patch(directory, objects, patch)
     for image in data.get("images", []):
         for obj in objects:
             _set_images(obj, image)
     return objects
+
+
+def _apply_patch(directory: Path, objects: list[dict], patch: dict) -> None:
+    """One ``patches`` entry: an inline JSON 6902 patch on every object its ``target`` names."""
+    target, operations = patch.get("target") or {}, patch.get("patch")
+    if set(patch) != {"target", "patch"} or not isinstance(operations, str) or set(target) - {"kind", "name"}:
+        raise UnsupportedKustomization(f"{directory}: a patches entry takes target (kind, name) and an inline "
+                                       f"JSON 6902 patch, got {sorted(patch)}")
+    matched = [obj for obj in objects if all(obj.get("kind") == target["kind"] if key == "kind"
+                                             else obj.get("metadata", {}).get("name") == target["name"]
+                                             for key in target)]
+    if not matched:
+        raise UnsupportedKustomization(f"{directory}: patch target {target} matches no resource")
+    for operation in yaml.safe_load(operations):
+        if operation.get("op") not in PATCH_OPS:
+            raise UnsupportedKustomization(f"{directory}: patch op {operation.get('op')!r} is outside the subset "
+                                           f"({', '.join(sorted(PATCH_OPS))})")
+        for obj in matched:
+            _apply_operation(obj, operation, directory)
+
+
+def _apply_operation(obj: dict, operation: dict, directory: Path) -> None:
+    *parents, last = [part.replace("~1", "/").replace("~0", "~") for part in operation["path"].split("/")[1:]]
+    node = obj
+    for part in parents:
+        node = node[int(part)] if isinstance(node, list) else node.get(part)
+        if node is None:
+            raise UnsupportedKustomization(f"{directory}: patch path {operation['path']} does not exist")
+    op = operation["op"]
+    value = json.loads(json.dumps(operation.get("value")))
+    if isinstance(node, list):
+        index = len(node) if last == "-" else int(last)
+        if op == "add":
+            node.insert(index, value)
+        elif op == "remove":
+            del node[index]
+        else:
+            node[index] = value
+    elif op != "add" and last not in node:
+        raise UnsupportedKustomization(f"{directory}: patch path {operation['path']} does not exist")
+    elif op == "remove":
+        del node[last]
+    else:
+        node[last] = value
 
 
 def _set_images(node, rule: dict) -> None:

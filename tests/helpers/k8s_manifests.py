@@ -95,9 +95,14 @@ def pod_templates(document: dict) -> list[dict]:
     return found
 
 
+# The Indexed Job and its elastic form, the PyTorchJob's Master and Worker, the elastic one's Worker.
+TRAINING_POD_TEMPLATES = 5
+
+
 def training_pods() -> list[dict]:
-    """The pod specs of the training Job and of the PyTorchJob's Master and Worker."""
+    """The pod specs of the training Jobs (fixed and elastic) and of the PyTorchJobs' replicas: the
+    fixed one's Master and Worker, the elastic one's Worker."""
     pods = [template["spec"] for _, d in all_documents() if is_training_job(d) for template in pod_templates(d)]
     pods += [template["spec"] for _, d in all_documents() if d["kind"] == "PyTorchJob" for template in pod_templates(d)]
-    assert len(pods) == 3
+    assert len(pods) == TRAINING_POD_TEMPLATES
     return pods

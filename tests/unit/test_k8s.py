@@ -16,6 +16,7 @@ from tests.helpers.k8s_manifests import (
     K8S,
     OVERLAYS,
     ROOT,
+    TRAINING_POD_TEMPLATES,
     all_documents,
     dashboard_queries,
     is_training_job,
@@ -264,7 +265,7 @@ def test_gpu_pods_run_only_on_gpu_nodes_whose_driver_runs_the_images_cuda():
     driver = MIN_DRIVER_FOR_CUDA[cuda_major]
     templates = [t for _, d in all_documents() if is_training_job(d) or d["kind"] == "PyTorchJob"
                  for t in pod_templates(d)]
-    assert len(templates) == 3
+    assert len(templates) == TRAINING_POD_TEMPLATES
     for template in templates:
         pod = template["spec"]
         assert template["metadata"]["annotations"]["instcls/min-nvidia-driver"] == str(driver)
@@ -287,7 +288,7 @@ def test_training_jobs_are_admitted_all_at_once_by_kueue():
     """Gang scheduling: both training kinds carry Kueue's queue label (the same queue), and neither
     is created suspended, so that without Kueue they still run."""
     jobs = [d for _, d in all_documents() if is_training_job(d) or d["kind"] == "PyTorchJob"]
-    assert sorted(d["kind"] for d in jobs) == ["Job", "PyTorchJob"]
+    assert sorted(d["kind"] for d in jobs) == ["Job", "Job", "PyTorchJob", "PyTorchJob"]  # each fixed and elastic
     assert len({d["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] for d in jobs}) == 1
     for job in jobs:
         assert job["spec"].get("suspend") is not True and job["spec"].get("runPolicy", {}).get("suspend") is not True
@@ -299,7 +300,7 @@ def test_every_fsgroup_skips_the_recursive_chown():
     """fsGroup alone makes the kubelet chown every file of a volume at each pod start (hours on a
     500 Gi checkpoint volume); OnRootMismatch only when the volume's root is not the group's yet."""
     contexts = [t["spec"]["securityContext"] for _, d in all_documents() for t in pod_templates(d)]
-    assert len(contexts) == 5  # Indexed Job, PyTorchJob Master and Worker, make-shards parts and merge
+    assert len(contexts) == TRAINING_POD_TEMPLATES + 2  # the training pods, make-shards parts and merge
     for context in contexts:
         assert context["fsGroup"] == 1000 and context["fsGroupChangePolicy"] == "OnRootMismatch"
 
@@ -310,3 +311,37 @@ def test_deleting_an_overlay_never_deletes_data():
         assert not [d for d in rendered(overlay) if d["kind"] in ("PersistentVolumeClaim", "PersistentVolume")], overlay
     claims = {d["metadata"]["name"] for _, d in all_documents() if d["kind"] == "PersistentVolumeClaim"}
     assert {"instcls-shards", "instcls-checkpoints"} <= claims
+
+
+def test_the_elastic_overlays_change_only_the_node_count_and_the_rendezvous():
+    """The elastic forms run the same pods as the fixed ones; what differs is how many nodes the
+    rendezvous takes (MIN:MAX, MAX the fixed job's size), how many restarts (every membership
+    change counts) and, for the Indexed Job, when it is done (MIN indexes succeeded)."""
+    def only(overlay, kind):
+        (document,) = [d for d in rendered(overlay) if d["kind"] == kind]
+        return document
+
+    fixed, elastic = only("pytorchjob", "PyTorchJob"), only("pytorchjob-elastic", "PyTorchJob")
+    policy = elastic["spec"]["elasticPolicy"]
+    replicas = fixed["spec"]["pytorchReplicaSpecs"]
+    assert policy["rdzvBackend"] == "c10d" and policy["maxRestarts"] >= 50
+    assert 1 <= policy["minReplicas"] < policy["maxReplicas"] == sum(r["replicas"] for r in replicas.values())
+    assert list(elastic["spec"]["pytorchReplicaSpecs"]) == ["Worker"]
+    worker = elastic["spec"]["pytorchReplicaSpecs"]["Worker"]
+    assert worker["replicas"] == policy["maxReplicas"] and worker["template"] == replicas["Master"]["template"]
+    conf = {entry["key"]: int(entry["value"]) for entry in policy["rdzvConf"]}
+    assert conf["last_call_timeout"] >= 60 and conf["join_timeout"] >= conf["last_call_timeout"]
+
+    fixed, elastic = only("indexed-job", "Job"), only("indexed-job-elastic", "Job")
+    args = {a.split("=", 1)[0]: a for a in elastic["spec"]["template"]["spec"]["containers"][0]["args"]}
+    low, high = map(int, args["--nnodes"].split("=")[1].split(":"))
+    assert low < high == fixed["spec"]["completions"]
+    assert int(args["--max-restarts"].split("=")[1]) >= 50 and "last_call_timeout=" in args["--rdzv-conf"]
+    assert elastic["spec"]["successPolicy"] == {"rules": [{"succeededCount": low}]}
+    unchanged = [a for a in elastic["spec"]["template"]["spec"]["containers"][0]["args"]
+                 if not a.startswith(("--nnodes", "--max-restarts", "--rdzv-conf"))]
+    assert unchanged == [a for a in fixed["spec"]["template"]["spec"]["containers"][0]["args"]
+                         if not a.startswith(("--nnodes", "--max-restarts"))]
+    elastic["spec"]["template"]["spec"]["containers"][0]["args"] = fixed["spec"]["template"]["spec"]["containers"][0][
+        "args"]
+    assert elastic["spec"]["template"] == fixed["spec"]["template"]

@@ -117,8 +117,18 @@ def test_the_renderer_refuses_what_it_does_not_implement(tmp_path):
         sortOptions: {order: fifo}
         """,
     )
-    with pytest.raises(renderer.UnsupportedKustomization, match=r"patched/kustomization.yaml: patches is outside"):
+    with pytest.raises(renderer.UnsupportedKustomization, match=r"patched: a patches entry takes target \(kind, "
+                                                                r"name\) and an inline JSON 6902 patch"):
         renderer.render(tmp_path / "patched")
+    write(tmp_path / "moved/kustomization.yaml", """\
+        resources: [../job.yaml]
+        patches:
+        - target: {kind: ConfigMap, name: a}
+          patch: '[{op: move, from: /metadata/name, path: /metadata/label}]'
+        sortOptions: {order: fifo}
+        """)
+    with pytest.raises(renderer.UnsupportedKustomization, match=r"patch op 'move' is outside the subset"):
+        renderer.render(tmp_path / "moved")
     write(tmp_path / "legacy/kustomization.yaml", "resources: [../job.yaml]\n")
     with pytest.raises(renderer.UnsupportedKustomization, match=r"legacy/kustomization.yaml: add `sortOptions"):
         renderer.render(tmp_path / "legacy")
@@ -129,3 +139,43 @@ def test_the_renderer_refuses_what_it_does_not_implement(tmp_path):
     write(tmp_path / "twice/kustomization.yaml", "resources: [../job.yaml, ../job.yaml]\nsortOptions: {order: fifo}\n")
     with pytest.raises(renderer.UnsupportedKustomization, match=r"ConfigMap 'a' is defined twice"):
         renderer.render(tmp_path / "twice")
+
+
+def _patched_overlay(tmp_path):
+    write(tmp_path / "base/kustomization.yaml", "resources: [job.yaml]\n")
+    write(tmp_path / "base/job.yaml", """\
+        apiVersion: v1
+        kind: ConfigMap
+        metadata: {name: a}
+        data: {keep: "1", drop: "2", change: "3"}
+        ---
+        apiVersion: v1
+        kind: ConfigMap
+        metadata: {name: b}
+        data: {change: "3"}
+        """)
+    write(tmp_path / "top/kustomization.yaml", """\
+        resources: [../base]
+        patches:
+        - target: {kind: ConfigMap, name: a}
+          patch: |-
+            - {op: remove, path: /data/drop}
+            - {op: replace, path: /data/change, value: "4"}
+            - {op: add, path: /metadata/labels, value: {x: "w"}}
+            - {op: add, path: /metadata/labels/a~1b, value: z}
+        sortOptions: {order: fifo}
+        """)
+    return tmp_path / "top"
+
+
+def test_the_renderer_applies_inline_json_patches_to_their_target_only(tmp_path):
+    first, second = load_renderer().render(_patched_overlay(tmp_path))
+    assert first == {"apiVersion": "v1", "kind": "ConfigMap",
+                     "metadata": {"name": "a", "labels": {"x": "w", "a/b": "z"}}, "data": {"keep": "1", "change": "4"}}
+    assert second["data"] == {"change": "3"} and "labels" not in second["metadata"]
+
+
+@needs_kubectl
+def test_the_renderer_patches_as_kubectl_does(tmp_path):
+    top = _patched_overlay(tmp_path)
+    assert load_renderer().render(top) == kubectl_kustomize(top)
