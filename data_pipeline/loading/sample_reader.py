@@ -130,7 +130,7 @@ class StepReader:
         views = []
         if self.augment is not None:
             heights, widths = np.array(sizes, dtype=np.int64).T
-            views = draw_views(augmentation_rng(self.seed, epoch, step, self.rank), heights, widths, self.augment)
+            views = draw_views(augmentation_rng(self.seed, epoch, samples.ids), heights, widths, self.augment)
         return StepInputs(samples, list(jpegs), views)
 
     def undecodable(self, samples: StepSamples) -> str | None:

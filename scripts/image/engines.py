@@ -50,6 +50,16 @@ class RunSpec:
     volumes: dict[str, tuple[str, bool]] = field(default_factory=dict)
     read_only_root: bool = True
 
+    def options(self, working_dir_flag: str) -> list[str]:
+        """The working directory, environment and volumes as ``docker run`` / ``buildah run`` flags
+        (they differ only in the working directory's)."""
+        argv = [working_dir_flag, self.working_dir] if self.working_dir else []
+        for name, value in self.env.items():
+            argv += ["--env", f"{name}={value}"]
+        for host, (path, read_only) in self.volumes.items():
+            argv += ["--volume", f"{host}:{path}" + (":ro" if read_only else "")]
+        return argv
+
 
 def docker_answers() -> bool:
     if shutil.which("docker") is None:
@@ -77,12 +87,7 @@ class Docker:
     def run(self, handle: str, spec: RunSpec, capture: bool = False) -> subprocess.CompletedProcess:
         argv = ["docker", "run", "--rm", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
                 "--user", spec.user, "--entrypoint", spec.argv[0]] + (["--read-only"] if spec.read_only_root else [])
-        if spec.working_dir:
-            argv += ["--workdir", spec.working_dir]
-        for name, value in spec.env.items():
-            argv += ["--env", f"{name}={value}"]
-        for host, (path, read_only) in spec.volumes.items():
-            argv += ["--volume", f"{host}:{path}" + (":ro" if read_only else "")]
+        argv += spec.options("--workdir")
         return run_command(argv + [handle, *spec.argv[1:]], capture=capture, check=False)
 
     def root_files(self, handle: str) -> None:
@@ -117,12 +122,7 @@ class Buildah:
 
     def run(self, handle: str, spec: RunSpec, capture: bool = False) -> subprocess.CompletedProcess:
         argv = ["buildah", "run", "--isolation", "chroot", "--cap-drop", "ALL", "--user", spec.user]
-        if spec.working_dir:
-            argv += ["--workingdir", spec.working_dir]
-        for name, value in spec.env.items():
-            argv += ["--env", f"{name}={value}"]
-        for host, (path, read_only) in spec.volumes.items():
-            argv += ["--volume", f"{host}:{path}" + (":ro" if read_only else "")]
+        argv += spec.options("--workingdir")
         return run_command(argv + [handle, "--", *spec.argv], capture=capture, check=False)
 
     def root_files(self, handle: str) -> dict[str, tuple[int, int]]:

@@ -9,6 +9,7 @@ import yaml
 
 from scripts.image.base_image import debian_suite, dockerfile_base
 from scripts.image.check import CHECKPOINTS_DIR, CONFIG_DIR, SHARDS_DIR, pinned_versions, read_only_root
+from scripts.image.engines import RunSpec
 from scripts.image.pod_spec import MANIFEST, read_pod_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,3 +78,12 @@ def test_a_write_outside_the_volumes_fails_the_read_only_root():
     assert not changed.ok
     assert "2 writes outside the volumes: /etc/passwd, /opt/new" in changed.detail
     assert "1 bytecode files" in changed.detail
+
+
+def test_a_run_spec_gives_docker_and_buildah_the_pods_directory_environment_and_volumes():
+    spec = RunSpec(argv=("instcls", "--version"), user="1000:1000", working_dir="/opt/instcls",
+                   env={"HOME": "/tmp/home"},
+                   volumes={"/host/tmp": ("/tmp", False), "/host/cfg": ("/etc/instcls", True)})
+    assert spec.options("--workingdir") == ["--workingdir", "/opt/instcls", "--env", "HOME=/tmp/home",
+                                            "--volume", "/host/tmp:/tmp", "--volume", "/host/cfg:/etc/instcls:ro"]
+    assert RunSpec(argv=("true",), user="0", working_dir=None).options("--workdir") == []

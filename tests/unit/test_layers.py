@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("config", ("trainer.config_building", "trainer.config")),
     ("checkpoint", ("trainer.checkpoint",)),
     ("evaluation", ("trainer.evaluation",)),
+    ("elastic", ("trainer.elastic",)),  # the global batch across world sizes, what a restart cost
     ("engine", ("trainer.engine",)),
     # the memory planner: objectives describe their state, it reads configs and DeepSpeed's settings
     ("planning", ("trainer.planning",)),
@@ -51,7 +52,7 @@ DATA_LAYERS = {"data_pipeline.shardset": 0, "data_pipeline.ingest": 1, "data_pip
 # The trainer's library layers see the data pipeline through this module only (the tools and the
 # CLI make shards, bench loaders and may import any of it).
 DATA_CONTRACT = "data_pipeline.contract"
-LIBRARY_LAYERS = ("models", "classifier", "objectives", "config", "checkpoint", "evaluation", "engine")
+LIBRARY_LAYERS = ("models", "classifier", "objectives", "config", "checkpoint", "evaluation", "elastic", "engine")
 
 
 def module_name(path: Path) -> str:

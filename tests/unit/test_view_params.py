@@ -1,5 +1,6 @@
-"""Augmentation parameters: torchvision's crop rule, reproducible per (seed, epoch, step, rank),
-and colour maps that do what ``data_pipeline.loading.augment.colour`` says."""
+"""Augmentation parameters: torchvision's crop rule, reproducible per (seed, epoch, sample id)
+whatever batch or rank reads the sample, and colour maps that do what
+``data_pipeline.loading.augment.colour`` says."""
 
 import numpy as np
 
@@ -26,16 +27,39 @@ def test_a_crop_that_never_fits_is_the_centre_at_the_nearest_aspect():
     assert box.tolist() == [[0, 493, 10, 13]]  # height kept, width = round(10 * 4/3), centred
 
 
-def test_parameters_depend_only_on_seed_epoch_step_and_rank():
+FIELDS = ("crop", "flip", "colour", "blur", "sigma", "window")
+
+
+def test_a_samples_parameters_depend_only_on_seed_epoch_and_its_id():
+    """The same image gets the same views in a batch of 8 on one rank and in halves of 4 on two
+    ranks, in any order (an elastic restart on another number of ranks); another epoch or seed
+    draws others."""
     augment = AugmentConfig(image_size=32, small_crops=2, small_size=16)
-    heights, widths = np.full(8, 40), np.full(8, 50)
-    draw = lambda *key: draw_views(augmentation_rng(*key), heights, widths, augment)  # noqa: E731
-    first, again, other_step = draw(0, 1, 2, 3), draw(0, 1, 2, 3), draw(0, 1, 3, 3)
-    assert [v.size for v in first] == [32, 32, 16, 16]
-    for a, b, c in zip(first, again, other_step):
-        assert all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("crop", "flip", "colour", "blur", "sigma"))
-        assert not np.array_equal(a.crop, c.crop)
-    assert (first[0].window == 2 * np.ceil(3 * first[0].sigma) + 1).all()
+    ids = np.array([5, 17, 2, 900, 41, 3, 77, 12])
+    heights, widths = np.arange(40, 48), np.arange(50, 58)
+    draw = lambda seed, epoch, rows: draw_views(augmentation_rng(seed, epoch, ids[rows]), heights[rows],  # noqa: E731
+                                                widths[rows], augment)
+    whole = draw(0, 1, np.arange(8))
+    assert [v.size for v in whole] == [32, 32, 16, 16]
+    for rows in (np.arange(4), np.arange(4, 8), np.array([6, 1, 7, 0])):
+        for part, full in zip(draw(0, 1, rows), whole):
+            assert all(np.array_equal(getattr(part, f), getattr(full, f)[rows]) for f in FIELDS)
+    for other in (draw(0, 2, np.arange(8)), draw(1, 1, np.arange(8))):
+        assert not np.array_equal(other[0].colour, whole[0].colour)
+    assert (whole[0].window == 2 * np.ceil(3 * whole[0].sigma) + 1).all()
+    assert not np.array_equal(whole[0].colour, whole[1].colour)  # the two views of an image differ
+
+
+def test_sample_streams_are_uniform_and_independent_of_neighbours():
+    streams = augmentation_rng(0, 0, np.arange(20000))
+    first, second = streams.random((20000, 2)).T
+    assert 0 <= first.min() and first.max() < 1
+    assert abs(first.mean() - 0.5) < 0.01 and abs(first.var() - 1 / 12) < 0.005
+    assert abs(np.corrcoef(first, second)[0, 1]) < 0.03  # two draws of a sample
+    assert abs(np.corrcoef(first[:-1], first[1:])[0, 1]) < 0.03  # neighbouring ids
+    low, high = np.array([1.0, -2.0]), np.array([3.0, 2.0])
+    values = augmentation_rng(0, 0, np.arange(1000)).uniform(low, high, (1000, 2))
+    assert (values >= low).all() and (values < high).all()
 
 
 def test_colour_maps_follow_their_definition():

@@ -8,9 +8,9 @@ Keeping the global batch keeps everything that depends on it: the learning rate 
 world size that does not divide the global batch is refused: no split would read the same samples.
 
 The per-rank batch grows when the job shrinks (2 nodes of 64 images per rank, one node lost: 128
-per rank).  That is what fits on CPU ranks and on GPUs with room (``instcls plan --ranks`` at the
-smallest world size says); gradient accumulation, which would keep the per-rank batch, is not
-implemented: the classifier's rows step once per batch.
+per rank), so plan a GPU job's memory at its smallest world size (``instcls plan --ranks``).
+Gradient accumulation, which would keep the per-rank batch, is not implemented: the classifier's
+rows step once per batch.
 """
 
 from __future__ import annotations

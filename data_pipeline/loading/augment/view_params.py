@@ -1,10 +1,12 @@
 """Every random number of the augmentation, drawn in Python before any pixel is decoded.
 
 DALI's per-pipeline RNG cannot be fast-forwarded, so a resumed run could not replay step k
-without running steps 0..k-1.  Here the parameters of a step come from a counter-based generator
-keyed by ``(seed, epoch, step, rank)``; a step is reproducible on its own, and the DALI and the
-fallback loader apply the very same parameters.  The draws per step are fixed in number and
-order (every parameter is drawn even when its step is off), so one parameter never shifts another.
+without running steps 0..k-1.  Here every parameter of a sample is a counter-based draw keyed by
+``(seed, epoch, sample id, draw)`` (``SampleStreams``): a step is reproducible on its own, the DALI
+and the fallback loader apply the very same parameters, and an image is augmented the same way
+whichever rank reads it, so a job resumed on another number of ranks (an elastic restart) sees the
+same views.  The draws per sample are fixed in number and order (every parameter is drawn even when
+its step is off), so one parameter never shifts another.
 
 Recipe (see ``data_pipeline.loading.augment.augment_config``), per view and sample: random resized crop (torchvision's
 rule: up to 10 tries of area and log-uniform aspect, else a centre crop), horizontal flip, colour
@@ -45,9 +47,49 @@ class ViewParams:
     window: np.ndarray
 
 
-def augmentation_rng(seed: int, epoch: int, step: int, rank: int) -> np.random.Generator:
-    """The generator of one step of one rank: depends on nothing else, so any step can be redrawn."""
-    return np.random.default_rng([seed, epoch, step, rank])
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(values: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: uint64 -> uint64, a bijection whose outputs look independent."""
+    with np.errstate(over="ignore"):
+        values = (values ^ (values >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        values = (values ^ (values >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return values ^ (values >> np.uint64(31))
+
+
+class SampleStreams:
+    """Random numbers for a batch of samples, one independent stream per sample: row ``i`` of each
+    draw depends only on ``(seed, epoch, ids[i])`` and how many numbers the calls before drew, not
+    on the other samples of the batch, its order, the step or the rank.  Implements the two
+    ``numpy.random.Generator`` methods the recipe uses, over ``(count, ...)`` shapes."""
+
+    def __init__(self, seed: int, epoch: int, ids: np.ndarray) -> None:
+        with np.errstate(over="ignore"):
+            key = _mix(np.uint64(seed % 2 ** 64) * _GOLDEN + _mix(np.uint64(epoch % 2 ** 64) + _GOLDEN))
+            self._keys = _mix(key ^ (np.asarray(ids, dtype=np.uint64) * _GOLDEN))  # [count]
+        self._drawn = 0
+
+    def random(self, shape) -> np.ndarray:
+        """Uniform floats in [0, 1), float64, of ``shape`` (an int: ``count``; else ``(count, ...)``)."""
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        if shape[0] != self._keys.shape[0]:
+            raise ValueError(f"draws of shape {shape} for {self._keys.shape[0]} samples: the first axis is the sample")
+        per_sample = int(np.prod(shape[1:], dtype=np.int64))
+        counters = np.arange(self._drawn, self._drawn + per_sample, dtype=np.uint64)
+        self._drawn += per_sample
+        with np.errstate(over="ignore"):
+            bits = _mix(self._keys[:, None] + (counters[None, :] + np.uint64(1)) * _GOLDEN)
+        return ((bits >> np.uint64(11)).astype(np.float64) * 2.0 ** -53).reshape(shape)
+
+    def uniform(self, low, high, shape) -> np.ndarray:
+        low, high = np.asarray(low, dtype=np.float64), np.asarray(high, dtype=np.float64)
+        return low + (high - low) * self.random(shape)
+
+
+def augmentation_rng(seed: int, epoch: int, ids: np.ndarray) -> SampleStreams:
+    """The draws of one step's samples (``ids``, in the order the step reads them)."""
+    return SampleStreams(seed, epoch, ids)
 
 
 def image_size(data: bytes) -> tuple[int, int]:
@@ -57,8 +99,8 @@ def image_size(data: bytes) -> tuple[int, int]:
     return height, width
 
 
-def crop_boxes(rng: np.random.Generator, heights: np.ndarray, widths: np.ndarray, scale: tuple[float, float],
-               ratio: tuple[float, float] = CROP_ASPECT) -> np.ndarray:
+def crop_boxes(rng: np.random.Generator | SampleStreams, heights: np.ndarray, widths: np.ndarray,
+               scale: tuple[float, float], ratio: tuple[float, float] = CROP_ASPECT) -> np.ndarray:
     """Random resized crop boxes ``[b, 4]`` (top, left, height, width), torchvision's rule."""
     count = heights.shape[0]
     heights, widths = heights.astype(np.float64), widths.astype(np.float64)
@@ -82,7 +124,7 @@ def crop_boxes(rng: np.random.Generator, heights: np.ndarray, widths: np.ndarray
     return np.stack([top, left, crop_h, crop_w], axis=1).astype(np.int64)
 
 
-def draw_views(rng: np.random.Generator, heights: np.ndarray, widths: np.ndarray,
+def draw_views(rng: np.random.Generator | SampleStreams, heights: np.ndarray, widths: np.ndarray,
                augment: AugmentConfig) -> list[ViewParams]:
     """The parameters of every view of ``augment.view_specs()`` (global views first)."""
     count = heights.shape[0]
