@@ -22,7 +22,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ import yaml
 from scripts.image.build import ROOT, build_image, default_tag
 from scripts.image.engines import Buildah, Docker, ImageToolError, RunSpec, docker_answers
 from scripts.image.pod_spec import PodSpec, read_pod_spec
+from trainer.parallel.launch import free_port
 
 WORK = ROOT / "out" / "image-check"
 JOB_TEMPLATE = ROOT / "configs" / "digits_cpu.yaml"
@@ -96,18 +96,12 @@ def pinned_versions(pyproject: Path = ROOT / "pyproject.toml") -> dict[str, str]
     return dict(match.groups() for match in map(PIN.match, dependencies) if match)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 class PodRunner:
     """Runs commands in one container of the image as the pod would: its user, working directory,
     environment (plus ``LOCAL_ENV``) and volumes, each volume a host directory under ``work``."""
 
     def __init__(self, engine: Docker | Buildah, tag: str, pod: PodSpec, work: Path) -> None:
-        self.engine, self.pod, self.work = engine, pod, work
+        self.engine, self.pod = engine, pod
         self.volumes: dict[str, tuple[str, bool]] = {}
         for mount in pod.mounts:
             host = work / "volumes" / mount.path.strip("/").replace("/", "_")
@@ -171,8 +165,12 @@ def run_steps(runner: PodRunner, logs: Path) -> list[StepResult]:
             detail = summary(output) if summary else found.group(0)
         if not ok:
             detail += f" ({log}):\n{tail(output)}"
-        results.append(StepResult(name, ok, time.monotonic() - started, detail))
-        print(f"[{'ok' if ok else 'FAILED'}] {name} ({results[-1].seconds:.0f} s): {detail}", flush=True)
+        announce(StepResult(name, ok, time.monotonic() - started, detail))
+
+    def announce(result: StepResult) -> None:
+        results.append(result)
+        print(f"[{'ok' if result.ok else 'FAILED'}] {result.name} ({result.seconds:.0f} s): {result.detail}",
+              flush=True)
 
     config_dir = runner.host_dir(CONFIG_DIR)
     write_job_config(config_dir, epochs=1)
@@ -196,13 +194,12 @@ def run_steps(runner: PodRunner, logs: Path) -> list[StepResult]:
     step("instcls eval knn", ["instcls", "eval", "knn", "--config", f"{CONFIG_DIR}/job.yaml", "--checkpoint", "auto"],
          expect=r"kNN[^\n]*\d+\.\d+%")
     if not runner.pod.read_only_root:
-        results.append(StepResult("read-only root file system", True, 0.0, "not asked for by the manifest"))
+        announce(StepResult("read-only root file system", True, 0.0, "not asked for by the manifest"))
     elif before is None:  # the engine mounted the root read-only for every step
-        results.append(StepResult("read-only root file system", True, 0.0,
-                                  f"every step ran on a read-only root ({runner.engine.name} run --read-only)"))
+        announce(StepResult("read-only root file system", True, 0.0,
+                            f"every step ran on a read-only root ({runner.engine.name} run --read-only)"))
     else:
-        results.append(read_only_root(before, runner.engine.root_files(runner.handle)))
-    print(f"[{'ok' if results[-1].ok else 'FAILED'}] {results[-1].name}: {results[-1].detail}", flush=True)
+        announce(read_only_root(before, runner.engine.root_files(runner.handle)))
     return results
 
 

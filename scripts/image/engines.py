@@ -14,6 +14,7 @@ import json
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,9 +79,6 @@ class Docker:
         size = int(run_command(["docker", "image", "inspect", "-f", "{{.Size}}", tag], capture=True).stdout)
         return f"{size / 1e9:.2f} GB"
 
-    def image_user(self, tag: str) -> str:
-        return run_command(["docker", "image", "inspect", "-f", "{{.Config.User}}", tag], capture=True).stdout.strip()
-
     def start(self, tag: str) -> str:
         return tag  # every run is a fresh container of the image
 
@@ -112,10 +110,6 @@ class Buildah:
         images = json.loads(run_command(["buildah", "images", "--json", tag], capture=True).stdout)
         return images[0]["size"]
 
-    def image_user(self, tag: str) -> str:
-        return run_command(["buildah", "inspect", "--type", "image", "--format", "{{.OCIv1.Config.User}}", tag],
-                           capture=True).stdout.strip()
-
     def start(self, tag: str) -> str:
         """A working container of ``tag``; every run of the check runs in it, as in one pod."""
         return run_command(["buildah", "from", "--pull=never", tag], capture=True).stdout.strip()
@@ -135,9 +129,9 @@ class Buildah:
         for directory, names, file_names in os.walk(root):
             for name in names + file_names:
                 path = Path(directory) / name
-                stat = path.lstat()
+                status = path.lstat()  # one stat per path: an image root holds tens of thousands
                 key = "/" + str(path.relative_to(root))
-                files[key] = (0, 0) if path.is_dir() and not path.is_symlink() else (stat.st_mtime_ns, stat.st_size)
+                files[key] = (0, 0) if stat.S_ISDIR(status.st_mode) else (status.st_mtime_ns, status.st_size)
         return files
 
     def stop(self, handle: str) -> None:
@@ -157,22 +151,20 @@ def install_buildah() -> None:
     run_command(["apt-get", "install", "-y", "-qq", "buildah", "mmdebstrap"], env=env)
 
 
+NOT_ROOT = ("no Docker daemon answers and this is not root: buildah's fallback installs packages and mounts "
+            "file systems as root (run as root, or start Docker)")
+
+
 def unavailable_reason() -> str | None:
     """Why neither engine can run here, or None when one can."""
-    if docker_answers():
-        return None
-    if os.geteuid() != 0:
-        return ("no Docker daemon answers and this is not root: buildah's fallback installs packages and mounts "
-                "file systems as root (run as root, or start Docker)")
-    return None
+    return None if docker_answers() or os.geteuid() == 0 else NOT_ROOT
 
 
 def pick_engine() -> Docker | Buildah:
     """Docker when its daemon answers; else buildah, installed when missing (root only)."""
     if docker_answers():
         return Docker()
-    reason = unavailable_reason()
-    if reason:
-        raise ImageToolError(reason)
+    if os.geteuid() != 0:
+        raise ImageToolError(NOT_ROOT)
     install_buildah()
     return Buildah()

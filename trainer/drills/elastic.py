@@ -25,9 +25,10 @@ import time
 
 from trainer.checkpoint.checkpoint_files import checkpoint_name
 from trainer.drills.context import CADENCE, DrillContext, DrillResult, recovery_time
-from trainer.drills.jobs import Job, accounting_difference
-from trainer.drills.node_faults import WAITS, _held
+from trainer.drills.jobs import Job, accounting_difference, final_run_records
+from trainer.drills.node_faults import WAITS, _held, _lose_mid_step
 from trainer.drills.two_nodes import VOLUMES, TwoNodeJob
+from trainer.observability.report import RunLogs
 
 # The first step after the change: its loss as the log rounds it (5 decimals), give or take one digit.
 FIRST_STEP_TOLERANCE = 2e-5
@@ -45,26 +46,16 @@ SIX_STEPS = ELASTIC + ["max_steps=6"]
 LAST_CALL_S = 20
 
 
-def _final_steps(job: Job) -> dict[int, list[dict]]:
-    """step -> the step records of the last run that trained it (its ``run`` token), one per rank."""
-    records = sorted((r for rank in job.ranks_logged() for r in job.log_records(rank) if r.get("event") == "step"),
-                     key=lambda r: r["time"])
-    final = {r["step"]: r.get("run") for r in records}
-    steps: dict[int, list[dict]] = {}
-    for record in records:
-        if record.get("run") == final[record["step"]]:
-            steps.setdefault(record["step"], []).append(record)
-    return steps
-
-
 def loss_curve(job: Job) -> dict[int, float]:
     """step -> the job's loss at it: the mean of its ranks' losses (each over its equal share of the
     global batch), from the last run that trained it."""
-    return {step: sum(r["loss"] for r in records) / len(records) for step, records in _final_steps(job).items()}
+    return {step: sum(r["loss"] for r in by_rank.values()) / len(by_rank)
+            for step, by_rank in final_run_records(job.run_dir, "step").items()}
 
 
 def lr_curve(job: Job) -> dict[int, float]:
-    return {step: records[0]["lr"] for step, records in _final_steps(job).items()}
+    """step -> its learning rate (the lowest rank's: every rank logs the same schedule), from the last run."""
+    return {step: by_rank[min(by_rank)]["lr"] for step, by_rank in final_run_records(job.run_dir, "step").items()}
 
 
 def restarts(job: Job) -> list[dict]:
@@ -98,7 +89,7 @@ def compare_curves(mine: Job, reference: Job, exact_until: int) -> tuple[str | N
 
 def _uninterrupted(context: DrillContext, name: str, overrides: list[str]) -> Job:
     job = Job(context.work_dir / name, context.shards)
-    if not loss_curve(job):
+    if not list((job.run_dir / "logs").glob("rank-*.jsonl")) or not loss_curve(job):
         job = context._finished_job(name, overrides)
     return job
 
@@ -111,7 +102,7 @@ def node_lost_for_good(context: DrillContext) -> DrillResult:
     with TwoNodeJob(context.directory("node-lost-for-good"), context.shards, overrides=list(FOUR_STEPS), min_nodes=1,
                     last_call_s=LAST_CALL_S) as job:
         survivor, victim = job.start(0), job.start(1, _held(3))
-        fault = _lose_mid_step(victim)
+        fault = _lose_mid_step(job, victim)
         code = job.wait([survivor])[0]
     record = (restarts(job.job) or [{}])[-1]
     accounting, counted = accounting_difference(job.shared, reference.run_dir)
@@ -136,7 +127,7 @@ def node_returns(context: DrillContext) -> DrillResult:
     with TwoNodeJob(context.directory("node-returns"), context.shards, overrides=list(SIX_STEPS),
                     min_nodes=1, last_call_s=LAST_CALL_S) as job:
         survivor, victim = job.start(0, _held(4), once="held-alone"), job.start(1, _held(3))
-        fault = _lose_mid_step(victim)
+        fault = _lose_mid_step(job, victim)
         alone = survivor.wait_for("restart 1: 2 -> 1 ranks", timeout=300) and survivor.wait_for(WAITS, timeout=300)
         returned_at = time.time()
         back = job.start(1)
@@ -161,17 +152,9 @@ def node_returns(context: DrillContext) -> DrillResult:
 
 def replicated_difference(job: Job, step: int) -> str | None:
     """None when every rank's check at ``step``'s save found the state all ranks hold alike alike."""
-    checks = [r for rank in job.ranks_logged() for r in job.log_records(rank)
-              if r.get("event") == "replicated" and r.get("step") == step]
+    logs = RunLogs.read(job.run_dir / "logs")
+    checks = [r for rank in logs.by_rank for r in logs.events("replicated", rank) if r.get("step") == step]
     if len(checks) != 2 or not all(c["entries"] for c in checks):
         return f"{len(checks)} ranks checked their replicated state at step {step}'s save, not 2"
     diverged = sorted({entry for c in checks for entry in c["diverged"]})
     return f"replicated state differs across the ranks: {diverged[:5]}" if diverged else None
-
-
-def _lose_mid_step(victim) -> float | None:
-    if not victim.wait_for(WAITS, timeout=300):
-        return None
-    fault = time.time()
-    victim.lose()
-    return fault

@@ -77,10 +77,6 @@ class Job:
     def checkpoints(self) -> Path:
         return self.run_dir / "checkpoints"
 
-    def ranks_logged(self) -> list[int]:
-        """The ranks that wrote a log in ``logs/``, whatever the world size of each run."""
-        return sorted(int(path.stem.removeprefix("rank-")) for path in (self.run_dir / "logs").glob("rank-*.jsonl"))
-
     def log_records(self, rank: int = 0) -> list[dict]:
         path = self.run_dir / "logs" / f"rank-{rank:05d}.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -128,22 +124,28 @@ def _training_tensors(checkpoint: Path, with_sampler: bool) -> dict[str, torch.T
     return tensors if with_sampler else {k: v for k, v in tensors.items() if not k.startswith("components/sampler")}
 
 
+def final_run_records(run_dir: Path, event: str) -> dict[int, dict[int, dict]]:
+    """step -> {rank: record} of ``event`` records (each naming a ``step``), from the run that logged
+    the step last (its ``run`` token), each rank's last record of it.  A restarted job logs the
+    steps it repeats again, after the first attempt's lines; the token matters when the restart
+    changed the world size: a rank of the run before may have logged a step that the ranks after it
+    trained again, split otherwise."""
+    logs = RunLogs.read(Path(run_dir) / "logs")
+    records = sorted(((record.get("time", 0.0), order, rank, record) for rank in logs.by_rank
+                      for order, record in enumerate(logs.events(event, rank))), key=lambda entry: entry[:3])
+    final_run = {record["step"]: record.get("run") for *_, record in records}
+    steps: dict[int, dict[int, dict]] = {}
+    for _, _, rank, record in records:
+        if record.get("run") == final_run[record["step"]]:
+            steps.setdefault(record["step"], {})[rank] = record
+    return steps
+
+
 def consumed_ids(run_dir: Path) -> dict[int, list[int]]:
     """The instance ids each step of the final training consumed (``logging.consumed_ids``), all
-    ranks together.  A restarted job logs the steps it repeats again, after the first attempt's
-    lines: a step's ids are those of the run (its ``run`` token) that logged it last, and within
-    it the last record of each rank.  The token matters when the restart changed the world size:
-    a rank of the run before may have logged a step that the ranks after it trained again, split
-    otherwise."""
-    logs = RunLogs.read(Path(run_dir) / "logs")
-    records = sorted((record.get("time", 0.0), order, record.get("run"), rank, record["step"], record["ids"])
-                     for rank in logs.by_rank for order, record in enumerate(logs.events("consumed", rank)))
-    final_run = {step: run for _, _, run, _, step, _ in records}  # the last run to log each step
-    by_rank_step = {(rank, step): ids for _, _, run, rank, step, ids in records if run == final_run[step]}
-    steps: dict[int, list[int]] = {}
-    for (_, step), ids in sorted(by_rank_step.items()):
-        steps.setdefault(step, []).extend(ids)
-    return steps
+    ranks together, in rank order: the ones its weights hold."""
+    return {step: [i for rank in sorted(by_rank) for i in by_rank[rank]["ids"]]
+            for step, by_rank in sorted(final_run_records(run_dir, "consumed").items())}
 
 
 def accounting_difference(run_dir: Path, reference_dir: Path) -> tuple[str | None, int]:
