@@ -48,7 +48,7 @@ def test_instcls_plan_offers_every_entry_and_plans_a_vit_at_its_configs_patch_si
                  "--json", str(out)]) == 0
     head = 192 * 512 + 512 + 2 * 512 + 512 * 128 + 128  # linear, BatchNorm, linear of the MLP head
     weights = json.loads(out.read_text())["dhp"]["breakdown"]["backbone weights"]
-    assert weights == (vit_trunk_parameters(192, 12, 4, 32) + head) * 4  # fp32 (ZeRO-0): patch 4, 8 x 8 grid
+    assert weights == (vit_trunk_parameters(192, 12, 8, 32) + head) * 4  # fp32 (ZeRO-0): patch 8, 4 x 4 grid
 
 
 @pytest.mark.parametrize("name", backbone_names())
@@ -96,6 +96,9 @@ def test_an_unknown_arch_is_refused_naming_the_field_and_every_choice(tmp_path):
     ("{arch: vit_tiny_patch16_224, img_size: 30, patch_size: 4}",
      r"model.patch_size=4 is invalid for img_size=30: the image side must be a multiple of the patch size"),
     ("{arch: vit_small_patch16_224, patch_size: 0}", r"model.patch_size=0 is invalid: use a positive number"),
+    ("{arch: resnet50, pool: avg}", r"model.pool='avg' is invalid for resnet50 \(resnet\): only vit backbones read it"),
+    ("{arch: vit_tiny_patch16_224, pool: max}", r"model.pool='max' is invalid: use token \(the class token"),
+    ("{arch: resnet10, input_norm: per_channel}", r"model.input_norm='per_channel' is invalid: use none or per_image"),
 ])
 def test_a_field_of_another_family_or_a_size_the_family_cannot_build_is_refused(tmp_path, model, message):
     with pytest.raises(ConfigError, match=message):
@@ -106,7 +109,8 @@ def test_the_shipped_vit_configs_load(tmp_path):
     from trainer.config import load_job_config
 
     tiny = load_job_config(REPO / "configs/vit_tiny_cpu.yaml")
-    assert (tiny.model.arch, tiny.model.patch_size, tiny.model.img_size) == ("vit_tiny_patch16_224", 4, 32)
+    assert (tiny.model.arch, tiny.model.patch_size, tiny.model.img_size) == ("vit_tiny_patch16_224", 8, 32)
+    assert (tiny.model.pool, tiny.model.input_norm, tiny.optim.name) == ("avg", "per_image", "adamw")
     base = load_job_config(REPO / "configs/in21k_vitb16_64gpu.yaml")
     assert base.model.arch == "vit_base_patch16_224" and base.data.loader.augment.image_size == 224
 

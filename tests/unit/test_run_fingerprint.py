@@ -35,6 +35,18 @@ def test_each_difference_is_named(config, expected):
     )
 
 
+def test_the_vits_pooling_and_the_input_standardisation_are_part_of_the_network():
+    """The input standardisation adds no tensor and the pooling only renames the final LayerNorm, yet
+    the weights compute other features under another value: a resume or an evaluation under
+    another value is refused, naming it."""
+    vit = _fingerprint(config="vit_tiny_cpu.yaml")
+    assert (vit["model.pool"], vit["model.input_norm"]) == ("avg", "per_image")
+    problem = fingerprint_mismatch(vit, _fingerprint("model.pool=token", "model.input_norm=none",
+                                                     config="vit_tiny_cpu.yaml"), "x")
+    assert "model.pool is 'avg' there and 'token' here" in problem
+    assert "model.input_norm is 'per_image' there and 'none' here" in problem
+
+
 def test_old_checkpoints_pass_and_an_evaluation_compares_the_network_only(tmp_path):
     (tmp_path / "trainer.json").write_text(json.dumps({"global_step": 3}))
     refuse_another_jobs_checkpoint(tmp_path, _fingerprint())  # written before fingerprints: nothing to compare

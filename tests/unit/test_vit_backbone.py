@@ -1,7 +1,9 @@
 """A ViT-Ti at patch 4 under the MLP head: it trains on 32 px views and on multi-crop's 16 px ones
 (the position grid resampled to 4 x 4), runs as a bf16 DeepSpeed engine casts it, and the
 BatchNorm machinery (running-statistics averaging, per-rank statistics, the replicated-state
-check) holds a network with no BatchNorm at all.  The memory profile counts its blocks."""
+check) holds a network with no BatchNorm at all.  The memory profile counts its blocks.  Average
+pooling scores the patch tokens' mean, and the per-image input standardisation is exact and makes
+the features blind to a channel's scale and offset."""
 
 from types import SimpleNamespace
 
@@ -97,3 +99,44 @@ def test_the_memory_profile_counts_each_vit_block_from_its_tokens_and_width():
     assert inside == pytest.approx(12 * profile.largest_block_bytes, rel=0.01)  # 12 identical blocks
     assert profile.checkpointed_activation_bytes < profile.activation_bytes / 3
     assert profile.trunk_parameters == vit_trunk_parameters(192, 12, 4, 32)
+
+
+def test_average_pooling_scores_the_mean_of_the_patch_tokens_not_the_class_token():
+    torch.manual_seed(0)
+    pooled = build_model(ModelConfig(**VIT_TI, pool="avg")).double().eval()
+    token = build_model(ModelConfig(**VIT_TI)).double().eval()
+    # One set of weights: pooling moves the final LayerNorm after the mean (timm's fc_norm).
+    state = {key.replace("backbone.fc_norm.", "backbone.norm."): value for key, value in pooled.state_dict().items()}
+    token.load_state_dict(state)
+    images = _images(32)
+    tokens = pooled.backbone.forward_features(images)  # [b, 1 + 64, 192] before the final norm
+    expected = F.layer_norm(tokens[:, 1:].mean(dim=1), (192,), pooled.backbone.fc_norm.weight,
+                            pooled.backbone.fc_norm.bias, eps=pooled.backbone.fc_norm.eps)
+    torch.testing.assert_close(pooled.backbone_features(images), expected, rtol=1e-12, atol=1e-12)
+    class_token = F.layer_norm(tokens[:, 0], (192,), pooled.backbone.fc_norm.weight, pooled.backbone.fc_norm.bias,
+                               eps=pooled.backbone.fc_norm.eps)
+    torch.testing.assert_close(token.backbone_features(images), class_token, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("arch,extra", [("vit_tiny_patch16_224", VIT_TI), ("resnet10", {})])
+def test_per_image_input_norm_sees_shapes_not_an_images_colour_and_contrast(arch, extra):
+    """Each channel of each image is standardised before the trunk: scaling a channel by a positive
+    factor and shifting it (another colour, another contrast) leaves the features as they were, and
+    the state dict is the plain network's."""
+    torch.manual_seed(0)
+    settings = {**extra, "arch": arch, "head_hidden_dim": 32, "feature_dim": 8}
+    model = build_model(ModelConfig(**settings, input_norm="per_image")).double().eval()
+    plain = build_model(ModelConfig(**settings)).double().eval()
+    assert model.state_dict().keys() == plain.state_dict().keys()
+    plain.load_state_dict(model.state_dict())
+    images = _images(32)
+    recoloured = images * torch.tensor([3.0, 0.5, 1.5], dtype=images.dtype).view(1, 3, 1, 1) + torch.tensor(
+        [0.2, -1.0, 4.0], dtype=images.dtype).view(1, 3, 1, 1)
+    # Up to the variance's guard (1e-5 against per-channel variances of 0.25 to 9): within 1e-5.
+    torch.testing.assert_close(model(recoloured), model(images), rtol=1e-3, atol=1e-5)
+    assert not torch.allclose(plain(recoloured), plain(images), rtol=1e-3)  # the plain network sees the change
+    mean = images.mean(dim=(2, 3), keepdim=True)
+    variance = images.var(dim=(2, 3), keepdim=True, unbiased=False)
+    standardised = (images - mean) / (variance + 1e-5).sqrt()
+    torch.testing.assert_close(model.backbone_features(images), plain.backbone_features(standardised),
+                               rtol=1e-10, atol=1e-12)

@@ -9,7 +9,8 @@ not: a checkpoint reshards onto any.  Settings like the learning rate may change
 
 from __future__ import annotations
 
-MODEL_FIELDS = ("arch", "small_input_stem", "img_size", "patch_size", "head", "head_hidden_dim", "feature_dim")
+MODEL_FIELDS = ("arch", "small_input_stem", "img_size", "patch_size", "pool", "input_norm", "head", "head_hidden_dim",
+                "feature_dim")
 FINGERPRINT_KEY = "fingerprint"  # in the checkpoint's trainer.json (the trainer's FieldsState fact)
 
 

@@ -16,6 +16,7 @@ from trainer.models.batch_norm_precision import accept_low_precision_parameters
 from trainer.parallel.batch_norm import BATCH_NORM_MODES
 
 HEADS = ("mlp", "linear")
+INPUT_NORMS = ("none", "per_image")
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,13 @@ class ModelConfig:
         224).  Views of other sizes (multi-crop's small crops) get them resampled in the forward.
     patch_size: ViTs only: the side of a patch, one token each (unset: the name's, 16 or 14); 4 for
         32 px images gives an 8 x 8 grid.  ``img_size`` must be a multiple of it.
+    pool: ViTs only: the trunk's feature, "token" (the class token, the default; unset means it) or
+        "avg" (the mean of the patch tokens, timm's ``global_pool="avg"``).
+    input_norm: "none" (default) or "per_image": standardise each image's channels to mean 0 and
+        variance 1 over its pixels before the trunk (``nn.InstanceNorm2d`` without parameters), in
+        training and evaluation alike.  It removes an image's flat colours and overall contrast, so
+        that the network sees its shapes; the digit scenes' ViT-Ti learns with it
+        (docs/results.md).  No parameters: checkpoints load with it on or off.
     head: "mlp" (linear, BatchNorm, ReLU, linear: the paper's) or "linear" (one linear layer, the
         head the paper's Table 2 compares it with).
     head_hidden_dim: width of the MLP head's hidden layer (2048 in the paper).
@@ -65,6 +73,8 @@ class ModelConfig:
     small_input_stem: bool = False
     img_size: int | None = None
     patch_size: int | None = None
+    pool: str | None = None
+    input_norm: str = "none"
     head: str = "mlp"
     head_hidden_dim: int = 2048
     feature_dim: int = 128
@@ -75,6 +85,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_settings(self)  # arch in the registry; the family's own fields only, with values it builds
+        if self.input_norm not in INPUT_NORMS:
+            raise ValueError(f"input_norm={self.input_norm!r} is invalid: use none or per_image (standardise each "
+                             f"image's channels before the trunk)")
         if self.head not in HEADS:
             raise ValueError(f"head={self.head!r} is invalid: choose one of {HEADS}")
         if self.head_hidden_dim < 1 or self.feature_dim < 1:
@@ -95,6 +108,8 @@ class InstanceModel(nn.Module):
         super().__init__()
         self.backbone = backbone
         self.backbone_width = backbone_dim
+        # no parameters or buffers (affine and running statistics off): the state dict is unchanged
+        self.input_norm = nn.InstanceNorm2d(3) if config.input_norm == "per_image" else nn.Identity()
         if config.head == "linear":
             self.head = nn.Linear(backbone_dim, config.feature_dim)
         else:
@@ -106,10 +121,10 @@ class InstanceModel(nn.Module):
             )
 
     def backbone_features(self, images: torch.Tensor) -> torch.Tensor:
-        return self.backbone(images)
+        return self.backbone(self.input_norm(images))
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.head(self.backbone(images))
+        return self.head(self.backbone_features(images))
 
 
 def model_input(images: torch.Tensor, dtype: torch.dtype, config: ModelConfig) -> torch.Tensor:

@@ -5,8 +5,8 @@ A trunk maps images ``[b, 3, H, W]`` to features ``[b, width]`` and has no class
 ViTs, ...) is one file beside this one that calls ``register_backbone`` for its names; the
 package's ``__init__`` imports each family file once (one line per family).
 
-Some ``ModelConfig`` fields belong to one family only (``small_input_stem`` to ResNets, ``img_size``
-and ``patch_size`` to ViTs).  An entry lists the ones it reads in ``options``; a config that sets
+Some ``ModelConfig`` fields belong to one family only (``small_input_stem`` to ResNets, ``img_size``,
+``patch_size`` and ``pool`` to ViTs).  An entry lists the ones it reads in ``options``; a config that sets
 another family's field is refused naming the field, so a setting is never silently ignored.
 """
 
@@ -18,7 +18,7 @@ from typing import Callable, Protocol, Sequence
 from torch import nn
 
 # ModelConfig fields that only some families read, with the value that means "not set".
-FAMILY_OPTIONS = {"small_input_stem": False, "img_size": None, "patch_size": None}
+FAMILY_OPTIONS = {"small_input_stem": False, "img_size": None, "patch_size": None, "pool": None}
 
 
 class TrunkSettings(Protocol):
@@ -29,6 +29,7 @@ class TrunkSettings(Protocol):
     small_input_stem: bool
     img_size: int | None
     patch_size: int | None
+    pool: str | None
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,12 @@ num_classes=0, dynamic_img_size=True)``.
 
 The registry key is timm's model name.  ``model.img_size`` and ``model.patch_size`` override the
 name's (a ViT-Ti at patch 4 for 32 px images: an 8 x 8 grid of tokens).  The trunk's feature is
-the class token after the final LayerNorm, ``embed_dim`` wide.  ``dynamic_img_size`` lets one
-network take every view of multi-crop: a view of another size than ``img_size`` (SwAV's 96 px
-crops of a 224 px job, 16 px crops of a 32 px one) gets the position embeddings resampled to its
-grid (bicubic) in each forward.  Sides should be multiples of the patch size: the patch
-embedding's convolution drops a remainder.
+the class token after the final LayerNorm, ``embed_dim`` wide, or with ``model.pool: avg`` the
+LayerNorm of the mean of the patch tokens (timm's ``global_pool="avg"``; the class token still
+attends, it is not pooled).  ``dynamic_img_size`` lets one network take every view of
+multi-crop: a view of another size than ``img_size`` (SwAV's 96 px crops of a 224 px job, 16 px
+crops of a 32 px one) gets the position embeddings resampled to its grid (bicubic) in each forward.
+Sides should be multiples of the patch size: the patch embedding's convolution drops a remainder.
 
 ``timm`` is imported when a ViT is built, never before: ``import trainer`` and ResNet jobs do not
 load it.  Nothing here downloads (``pretrained=False``; the tests build every entry with the
@@ -21,6 +22,8 @@ from functools import partial
 from torch import nn
 
 from trainer.models.backbones.registry import Backbone, Trunk, TrunkSettings, register_backbone
+
+POOLS = ("token", "avg")  # timm's global_pool values this registry offers; unset: "token"
 
 # timm's name -> (patch size, image size) its position grid is built for unless overridden.
 VITS = {
@@ -43,7 +46,7 @@ def build_vit(name: str, settings: TrunkSettings) -> Trunk:
 
     patch, size = vit_geometry(name, settings)
     network = timm.create_model(name, pretrained=False, num_classes=0, img_size=size, patch_size=patch,
-                                dynamic_img_size=True)
+                                dynamic_img_size=True, global_pool=settings.pool or "token")
     return Trunk(network, network.num_features)
 
 
@@ -57,6 +60,9 @@ def check_vit(name: str, settings: TrunkSettings) -> None:
         if value is not None and value < 1:
             raise ValueError(f"{field}={value} is invalid: use a positive number of pixels, or leave it unset for "
                              f"{name}'s own ({dict(zip(('patch_size', 'img_size'), VITS[name]))[field]})")
+    if settings.pool is not None and settings.pool not in POOLS:
+        raise ValueError(f"pool={settings.pool!r} is invalid: use token (the class token, the default) or avg (the "
+                         f"mean of the patch tokens)")
     patch, size = vit_geometry(name, settings)
     if size % patch:
         raise ValueError(f"patch_size={patch} is invalid for img_size={size}: the image side must be a multiple of "
@@ -65,5 +71,5 @@ def check_vit(name: str, settings: TrunkSettings) -> None:
 
 for _name in VITS:
     register_backbone(Backbone(name=_name, family="vit", build=partial(build_vit, _name),
-                               options=frozenset({"img_size", "patch_size"}), check=partial(check_vit, _name),
+                               options=frozenset({"img_size", "patch_size", "pool"}), check=partial(check_vit, _name),
                                blocks=vit_blocks))
