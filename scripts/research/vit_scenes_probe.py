@@ -24,11 +24,10 @@ docs/results.md lists what it measured.
 from __future__ import annotations
 
 import argparse
-import glob
 import io
 import math
-import tarfile
 import time
+from pathlib import Path
 
 import numpy as np
 import timm
@@ -37,6 +36,10 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import nn
 from torchvision.transforms import v2 as T
+
+from data_pipeline.shardset.manifest import MANIFEST_NAME
+from data_pipeline.shardset.sample_table import sample_table
+from trainer.evaluation.knn import knn_accuracy
 
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
 STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
@@ -71,19 +74,12 @@ def parse_args() -> argparse.Namespace:
 
 
 def load_split(folder: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every sample of a make-shards folder: uint8 images [n, 3, h, w] and labels [n], in key order."""
-    images, labels = [], []
-    for tar in sorted(glob.glob(f"{folder}/*.tar")):
-        samples: dict[str, dict[str, bytes]] = {}
-        with tarfile.open(tar) as archive:
-            for member in archive.getmembers():
-                key, ext = member.name.split(".", 1)
-                samples.setdefault(key, {})[ext] = archive.extractfile(member).read()
-        for key in sorted(samples):
-            images.append(np.array(Image.open(io.BytesIO(samples[key]["jpg"])).convert("RGB")))
-            labels.append(int(np.frombuffer(samples[key]["cls"], dtype=np.int64)[0]))
-    if not images:
+    """Every sample of a make-shards folder, by id: uint8 images [n, 3, h, w] and labels [n]."""
+    if not (Path(folder) / MANIFEST_NAME).exists():
         raise SystemExit(f"no shards in {folder}: run `make demo` first (it writes out/demo/shards), or pass --shards")
+    table = sample_table(Path(folder))
+    images = [np.array(Image.open(io.BytesIO(table.read_jpeg(i))).convert("RGB")) for i in range(table.num_samples)]
+    labels = [table.read_label(i) for i in range(table.num_samples)]
     return torch.tensor(np.stack(images)).permute(0, 3, 1, 2).contiguous(), torch.tensor(labels)
 
 
@@ -125,13 +121,12 @@ def main() -> None:
         net.train()
         return F.normalize(out, dim=1)
 
-    def knn_accuracy(k: int = 20, temperature: float = 0.07) -> float:
+    def held_out_knn() -> float:
+        """The trainer's kNN (k=20, t=0.07) of the held-out split against the training images, in %."""
         head.eval()
-        bank, queries = features(train_x), features(val_x)
+        accuracy = knn_accuracy(features(train_x), train_y, features(val_x), val_y, k=20, temperature=0.07)
         head.train()
-        sims, idx = (queries @ bank.T).topk(k, dim=1)
-        votes = torch.zeros(len(queries), 10).scatter_add_(1, train_y[idx], (sims / temperature).exp())
-        return (votes.argmax(1) == val_y).float().mean().item() * 100
+        return accuracy * 100
 
     n = len(train_x)
     rows = None
@@ -142,7 +137,7 @@ def main() -> None:
             rows = F.normalize(torch.cat([head(net(normalise(train_x[i:i + 256]))) for i in range(0, n, 256)]), dim=1)
             net.train()
             head.train()
-    print(f"step 0 knn {knn_accuracy():.2f}", flush=True)
+    print(f"step 0 knn {held_out_knn():.2f}", flush=True)
     start = time.time()
     order, pos = torch.randperm(n), 0
     for step in range(1, a.steps + 1):
@@ -174,7 +169,7 @@ def main() -> None:
             with torch.no_grad():
                 rows = F.normalize(rows - a.row_lr * (lr / a.lr) * weights.grad, dim=1)
         if step % a.eval_every == 0 or step == a.steps:
-            print(f"step {step} loss {loss.item():.3f} knn {knn_accuracy():.2f} ({time.time() - start:.0f}s)",
+            print(f"step {step} loss {loss.item():.3f} knn {held_out_knn():.2f} ({time.time() - start:.0f}s)",
                   flush=True)
 
 
