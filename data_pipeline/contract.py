@@ -3,7 +3,7 @@ training loop) may use of the data pipeline: the types that cross the seam and t
 builds a loader.  Everything else in data_pipeline is its own business; tests/unit/test_layers.py
 holds the rule.  (The CLI, benchmarks and drills make shards and may import any of it.)"""
 
-from data_pipeline.loading.augment.augment_config import AugmentConfig
+from data_pipeline.loading.augment.augment_config import IMAGENET_MEAN, IMAGENET_STD, AugmentConfig
 from data_pipeline.loading.base_loader import IndexedLoader
 from data_pipeline.loading.batch import Batch
 from data_pipeline.loading.device_copy import to_device
@@ -12,9 +12,9 @@ from data_pipeline.loading.loader_config import LoaderConfig, SamplerConfig
 from data_pipeline.loading.samplers.base import Sampler, StepIndices
 from data_pipeline.loading.samplers.epoch_permutation import EpochPermutationSampler
 from data_pipeline.loading.view_layout import ViewLayout
-from data_pipeline.shardset.manifest import ShardManifest
+from data_pipeline.shardset.manifest import MANIFEST_NAME, ShardManifest
 from data_pipeline.shardset.sample_table import SampleTable, sample_table
 
-__all__ = ["AugmentConfig", "Batch", "EpochPermutationSampler", "IndexedLoader", "LoaderConfig", "Sampler",
-           "SamplerConfig", "SampleTable", "ShardManifest", "StepIndices", "ViewLayout", "build_loader", "sample_table",
-           "to_device"]
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "MANIFEST_NAME", "AugmentConfig", "Batch", "EpochPermutationSampler",
+           "IndexedLoader", "LoaderConfig", "Sampler", "SamplerConfig", "SampleTable", "ShardManifest", "StepIndices",
+           "ViewLayout", "build_loader", "sample_table", "to_device"]

@@ -331,7 +331,11 @@ class JobConfig:
     ``ds_configs/zero2_bf16.json``, found from any working directory, or a path of your own,
     relative to the job config's folder or the working directory (``ds_configs.resolve``);
     batch sizes in it are filled in from ``data.loader.batch_size``.  ``max_steps`` stops early
-    (for tests and smoke runs)."""
+    (for tests and smoke runs).
+
+    ``seed`` is the run's one seed: the initial weights (backbone, head, the objective's rows or
+    prototypes), and, unless ``data.loader.seed`` is set, the order the samples are read in and
+    every augmentation parameter (docs/training.md lists what each seed controls)."""
 
     data: DataSection
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -344,6 +348,12 @@ class JobConfig:
     deepspeed_config: Path = Path("ds_configs/zero0.json")
     seed: int = 0
     max_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"seed={self.seed!r} is invalid: use a non-negative integer")
+        if self.data.loader.seed is None:  # one seed: the data order and the views follow the weights' seed
+            object.__setattr__(self, "data", replace(self.data, loader=replace(self.data.loader, seed=self.seed)))
 
 
 def load_job_config(path: Path | str, overrides: list[str] | None = None) -> JobConfig:

@@ -28,8 +28,8 @@ def default_sampler(num_samples: int, config: LoaderConfig, world_size: int, tra
     """Training: the registered sampler ``config.sampler.kind`` names; evaluation: stored order,
     padded (every sample is needed exactly once)."""
     if not train:
-        return inference_sampler(num_samples, world_size, config.batch_size, config.seed)
-    return training_sampler(SamplerRequest(num_samples, world_size, config.batch_size, config.seed,
+        return inference_sampler(num_samples, world_size, config.batch_size, config.sample_seed)
+    return training_sampler(SamplerRequest(num_samples, world_size, config.batch_size, config.sample_seed,
                                            config.last_batch, config.sampler))
 
 
@@ -63,7 +63,7 @@ class IndexedLoader:
             )
         self.steps_per_epoch = self.sampler.steps_per_epoch
         augment = config.augment if train else None
-        self.reader = StepReader(table, self.sampler, rank, config.seed, augment, read_threads,
+        self.reader = StepReader(table, self.sampler, rank, config.sample_seed, augment, read_threads,
                                  skip_bad_samples=config.on_bad_sample == "skip")
         self.view_layout = config.view_layout if train else ViewLayout.single(config.augment.image_size)
         self.view_kinds = list(self.view_layout.kinds)

@@ -53,7 +53,11 @@ class LoaderConfig:
         (``instcls plan`` counts them).  The files are read 3 steps ahead regardless.
     last_batch: "pad" or "drop" for training with the epoch_permutation sampler, see
         ``data_pipeline.loading.samplers.epoch_permutation``; evaluation always pads, the sliding window never pads.
-    seed: base seed of the sample order and of every augmentation parameter.
+    seed: base seed of the sample order and of every augmentation parameter.  Unset (default) in a
+        job config: the job's top-level ``seed``, so that one seed drives the initial weights, the
+        data order and the views (``JobConfig``); a loader built outside a job (benchmarks, the
+        selftest) reads 0 (``sample_seed``).  A resumed run keeps the seed its checkpoint's sampler
+        recorded.
     augment: the augmentation recipe.
     sampler: which ids the training steps read (see ``SamplerConfig``).
     on_bad_sample: a sample whose bytes cannot be read or are not an image (a shard damaged after
@@ -67,7 +71,7 @@ class LoaderConfig:
     num_threads: int = 4
     prefetch_depth: int = 2
     last_batch: str = "pad"
-    seed: int = 0
+    seed: int | None = None
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     on_bad_sample: str = "stop"
@@ -83,6 +87,13 @@ class LoaderConfig:
         need(self.prefetch_depth >= 1, "prefetch_depth", "use at least 1 (2 overlaps decoding with a step)")
         need(self.last_batch in LAST_BATCH_POLICIES, "last_batch", f"choose one of {LAST_BATCH_POLICIES}")
         need(self.on_bad_sample in BAD_SAMPLE_POLICIES, "on_bad_sample", f"choose one of {BAD_SAMPLE_POLICIES}")
+        need(self.seed is None or self.seed >= 0, "seed", "use a non-negative seed, or leave it unset to follow the "
+             "job's seed")
+
+    @property
+    def sample_seed(self) -> int:
+        """The seed the sampler and the augmentation draw from (``seed``; 0 when unset outside a job)."""
+        return 0 if self.seed is None else self.seed
 
     @property
     def view_layout(self) -> ViewLayout:

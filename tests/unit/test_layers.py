@@ -35,9 +35,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("objectives", ("trainer.objectives",)),
     ("config", ("trainer.config_building", "trainer.config")),
     ("checkpoint", ("trainer.checkpoint",)),
+    ("provenance", ("trainer.provenance",)),  # run.json: what made a run, written by the engine, read by export
     ("evaluation", ("trainer.evaluation",)),
     ("elastic", ("trainer.elastic",)),  # the global batch across world sizes, what a restart cost
     ("engine", ("trainer.engine",)),
+    ("export", ("trainer.export",)),  # a checkpoint's backbone out to timm / torchvision, with its model card
     # the memory planner: objectives describe their state, it reads configs and DeepSpeed's settings
     ("planning", ("trainer.planning",)),
     ("tools", ("trainer.bench", "trainer.drills", "trainer.selftest", "trainer.ablations", "trainer.dry_run",
@@ -52,7 +54,8 @@ DATA_LAYERS = {"data_pipeline.shardset": 0, "data_pipeline.ingest": 1, "data_pip
 # The trainer's library layers see the data pipeline through this module only (the tools and the
 # CLI make shards, bench loaders and may import any of it).
 DATA_CONTRACT = "data_pipeline.contract"
-LIBRARY_LAYERS = ("models", "classifier", "objectives", "config", "checkpoint", "evaluation", "elastic", "engine")
+LIBRARY_LAYERS = ("models", "classifier", "objectives", "config", "checkpoint", "provenance", "evaluation", "elastic",
+                  "engine", "export")
 
 
 def module_name(path: Path) -> str:

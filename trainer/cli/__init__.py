@@ -4,6 +4,7 @@
     instcls launch TORCHRUN_ARGS...     (torchrun with Kubernetes exit codes: 0 done, 143 preempted, 2-4 permanent)
     instcls train --config FILE [--set section.field=value ...] [--resume auto|none|PATH]   (under torchrun)
     instcls eval knn|linear --config FILE --checkpoint DIR
+    instcls export --config FILE --checkpoint auto|DIR --out DIR [--with-head] [--force]   (timm / torchvision weights)
     instcls report --logs DIR [--png FILE]   (a finished run: summary table, curves)
     instcls ablate [--only NAME,...] [--seeds 2] [--doc docs/ablations.md]   (the papers' ablations, CPU ranks)
     instcls make-shards --source folder|list|tars|digits|digit-scenes|synthetic --out DIR [--part I/K ...]
@@ -29,7 +30,7 @@ import argparse
 import sys
 
 # One module per command area; each registers its commands and calls the code that does the work.
-from trainer.cli import ablate, bench, drill, dry_run, evaluation, plan, selftest, shards, training
+from trainer.cli import ablate, bench, drill, dry_run, evaluation, export, plan, selftest, shards, training
 from trainer.exit_codes import ExitCode, record_failure_cause
 from trainer.version import package_version
 
@@ -41,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"instcls {package_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     # the order of `instcls --help`
-    for area in (training, evaluation, ablate, plan, dry_run, shards, drill, bench, selftest):
+    for area in (training, evaluation, export, ablate, plan, dry_run, shards, drill, bench, selftest):
         area.register(commands)
     return parser
 

@@ -22,7 +22,8 @@ def register(commands) -> None:
                         "subsets)")
     parser.set_defaults(handler=_run_eval)
 
-    parser = commands.add_parser("report", help="a finished run's summary table and a PNG of its curves, from its logs")
+    parser = commands.add_parser("report", help="a finished run's summary table, its provenance (run.json) and a "
+                                 "PNG of its curves, from its logs")
     parser.add_argument("--logs", type=Path, required=True, help="the run's logging.dir (rank-*.jsonl)")
     parser.add_argument("--png", type=Path, help="also write loss, kNN per epoch, throughput and memory here")
     parser.set_defaults(handler=_run_report)
@@ -57,9 +58,14 @@ def _run_eval(args: argparse.Namespace) -> int:
 
 def _run_report(args: argparse.Namespace) -> int:
     from trainer.observability.report import RunLogs, plot_run, summary_table
+    from trainer.provenance import describe_provenance, read_provenance
 
     logs = RunLogs.read(args.logs)
     print(summary_table(logs))
+    provenance = read_provenance(args.logs)  # logging.dir/run.json, the last start's
+    if provenance is not None:
+        print(f"\nprovenance ({args.logs / 'run.json'}):\n{describe_provenance(provenance)}")
+        print(f"resolved config:\n{provenance['config']}")
     if args.png:
         print(f"curves: {plot_run(logs, args.png)}")
     return 0

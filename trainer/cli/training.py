@@ -32,11 +32,13 @@ def _run_train(args: argparse.Namespace) -> int:
     from trainer.engine.trainer import Trainer
     from trainer.engine.training_job import training_process_group
     from trainer.exit_codes import ExitCode
+    from trainer.provenance.run_start import ConfigOrigin
 
     config = load_job_config(args.config, args.overrides)
     with training_process_group(config) as dims:  # what trainer.train() runs too
         try:
-            result = Trainer(config, dims, resume=args.resume).train()
+            origin = ConfigOrigin(args.config, tuple(args.overrides))  # run.json: the file and the --set as given
+            result = Trainer(config, dims, resume=args.resume, origin=origin).train()
         except NonFiniteLossError as error:
             return _failed(f"instcls: rank {dims.rank}: {error}", ExitCode.NONFINITE_LOSS)
         except CheckpointWriteError as error:

@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from trainer.engine.gradient_watch import all_finite
+from trainer.engine.gradient_watch import GradientWatch, all_finite
 from trainer.engine.stop_conditions import NonFiniteLossError, what_to_do_after_nonfinite
 from trainer.optim import ConditionalStep
 
@@ -123,3 +123,16 @@ class DeviceStepSkipper:
                 f"{in_a_row} steps in a row up to step {last} had a NaN or inf loss or gradient "
                 f"(optim.max_skipped_in_a_row={self.max_in_a_row}): the model, not a batch, has gone bad. "
                 f"{what_to_do_after_nonfinite(last_checkpoint)}")
+
+
+def nonfinite_guards(engine, backbone_optimizer, objective, skip_nonfinite: bool, max_skipped_in_a_row: int, dims,
+                     metrics, log, say) -> tuple[DeviceStepSkipper | None, GradientWatch | None]:
+    """``(device_skip, gradient_watch)``, one of them set: ``skip_step`` decided on the device where the
+    gradients are whole on every rank before the step and the objective allows it (ZeRO stage 0);
+    else the watch of the gradients DeepSpeed hands the optimizer it wraps, whatever the ZeRO stage
+    (the device skip checks the same gradients itself, before the step)."""
+    stepped_by_deepspeed = getattr(backbone_optimizer, "optimizer", backbone_optimizer)  # unwrapped
+    if skip_nonfinite and objective.skips_on_device and engine.zero_optimization_stage() == 0:
+        return DeviceStepSkipper(engine.module, stepped_by_deepspeed, objective, dims.data_parallel_group, dims.device,
+                                 max_skipped_in_a_row, metrics, log, say), None
+    return None, GradientWatch(stepped_by_deepspeed, dims.device)

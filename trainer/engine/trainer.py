@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,24 +30,24 @@ from trainer.checkpoint.batch_norm_state import BatchNormState
 from trainer.checkpoint.checkpoint_files import read_trainer_meta, resolve_resume_on_rank0
 from trainer.checkpoint.components import FieldsState, load_checkpoint
 from trainer.checkpoint.engine_state import EngineState
-from trainer.checkpoint.rng_state import RngState, reseed
+from trainer.checkpoint.initial_weights import starting_network
+from trainer.checkpoint.rng_state import RngState
 from trainer.checkpoint.run_fingerprint import refuse_another_jobs_checkpoint, run_fingerprint
 from trainer.classifier.classifier_config import HeadSettings
 from trainer.config import JobConfig
-from trainer.elastic.global_batch import split_global_batch
 from trainer.elastic.restart_cost import restart_cost
 from trainer.engine.deepspeed_host_syncs import host_reads_per_step
 from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, load_deepspeed_config
-from trainer.engine.device_skip import DeviceStepSkipper
-from trainer.engine.gradient_watch import GradientWatch, PoisonGradient
+from trainer.engine.device_skip import nonfinite_guards
+from trainer.engine.gradient_watch import PoisonGradient
 from trainer.engine.replicated_state import OneNetwork
+from trainer.engine.resumed_settings import settings_for_this_run
 from trainer.engine.run_record import RunRecord
 from trainer.engine.schedule import StepSchedules, refuse_unused_objective_settings, scaled_lr
 from trainer.engine.step_skipping import StepSkipper
 from trainer.engine.stop_conditions import NonFiniteWatch, StopSignal
 from trainer.engine.training_eval import TrainingEvaluation
 from trainer.failpoints import armed, fail_point, wait_point
-from trainer.models import build_model
 from trainer.models.backbone import model_input
 from trainer.objectives import ObjectiveContext, StepViews, View, build_objective, objective_parameters
 from trainer.observability.logs import JsonlLog
@@ -59,6 +59,7 @@ from trainer.observability.what_runs import what_runs
 from trainer.parallel import ParallelDims
 from trainer.parallel.batch_norm import apply_batch_norm_mode
 from trainer.parallel.rank0_work import run_on_rank0
+from trainer.provenance.run_start import ConfigOrigin, record_run_start
 
 
 @dataclass
@@ -79,7 +80,8 @@ class TrainResult:
 
 
 class Trainer:
-    def __init__(self, config: JobConfig, dims: ParallelDims, resume: str | None = None) -> None:
+    def __init__(self, config: JobConfig, dims: ParallelDims, resume: str | None = None,
+                 origin: ConfigOrigin | None = None) -> None:
         self.config, self.dims = config, dims
         self.log = JsonlLog(config.logging.dir, dims.rank,
                             open_tensorboard_scalars(config.logging.tensorboard, config.logging.dir, dims.rank))
@@ -100,16 +102,13 @@ class Trainer:
                                       dims.control_group if dims.is_distributed else None)
         self.record.run = self.run_token
         self.resumed_meta = read_trainer_meta(resumed) if resumed is not None else None
-        split = split_global_batch(config.data.loader.batch_size, dims.world_size,
-                                   *((self.resumed_meta.get("global_batch"), self.resumed_meta["world_size"])
-                                     if self.resumed_meta else (None, None)))
-        if split.changed:
-            config = self.config = replace(config, data=replace(config.data, loader=replace(
-                config.data.loader, batch_size=split.per_rank)))
-        if resumed is not None:
-            self._say(split.describe())
+        settings = settings_for_this_run(config, dims.world_size, resumed, self.resumed_meta)
+        config = self.config = settings.config
+        for note in settings.notes:
+            self._say(note)
+        self.provenance = record_run_start(config, dims, self.run_token, origin, resumed)
         loader_config = config.data.loader
-        self.global_batch = split.global_batch
+        self.global_batch = settings.split.global_batch
         peak_lr = scaled_lr(config.optim.base_lr, config.optim.base_batch, self.global_batch)
 
         # The objective validates its settings against the data before DeepSpeed starts.
@@ -123,11 +122,11 @@ class Trainer:
         self.objective = build_objective(config.objective, context)
         refuse_unused_objective_settings(config.optim, self.objective, config.objective.name)
 
-        reseed(config.seed, 0, 0)  # the same initial backbone on every rank
-        model = build_model(config.model)
+        model = starting_network(config, self._say, resumed)  # the same initial network on every rank
         # Scored next to the trained network: does training beat the architecture alone?
-        self.evaluation = TrainingEvaluation(config, dims, model, self.log, self.metrics,
-                                             self._say) if config.data.eval_shards else None
+        baseline = "init_from" if config.model.init_from is not None and resumed is None else "random_init"
+        self.evaluation = TrainingEvaluation(config, dims, model, self.log, self.metrics, self._say,
+                                             baseline) if config.data.eval_shards else None
         model = apply_batch_norm_mode(model, config.model.batch_norm, dims.data_parallel_group)
         if config.model.compile:
             model.compile()  # in place: DeepSpeed's engine and the checkpoints see the same module and names
@@ -160,6 +159,7 @@ class Trainer:
             "batch_norm": BatchNormState(self.engine.module),  # each rank's own statistics, after the engine's
             "objective": self.objective,
             "sampler": self.train_loader.sampler,
+            "provenance": self.provenance,  # run.json: what made the weights beside it
             "rng": RngState(config.seed, self.state),
         }
         self.one_network = OneNetwork(self.engine.module, self.checkpoint_state, config.model.batch_norm, dims,
@@ -177,17 +177,10 @@ class Trainer:
         self.nonfinite = NonFiniteWatch(dims.device)
         self.skipper = StepSkipper(self.engine.module, self.objective, config.optim.max_skipped_in_a_row, self.metrics,
                                    self.log, self._say)
-        stepped_by_deepspeed = getattr(self.backbone_optimizer, "optimizer", self.backbone_optimizer)  # unwrapped
-        # skip_step decided on the device (no host read per step) where the gradients are whole on
-        # every rank before the step and the objective allows it; else the blocking agreement above
-        self.device_skip = self.gradient_watch = None
-        if self.skip_nonfinite and self.objective.skips_on_device and self.engine.zero_optimization_stage() == 0:
-            self.device_skip = DeviceStepSkipper(
-                self.engine.module, stepped_by_deepspeed, self.objective, dims.data_parallel_group, dims.device,
-                config.optim.max_skipped_in_a_row, self.metrics, self.log, self._say)
-        else:  # (the device skip checks the same gradients itself, before the step)
-            # The gradients DeepSpeed hands the optimizer it wraps, whatever the ZeRO stage.
-            self.gradient_watch = GradientWatch(stepped_by_deepspeed, dims.device)
+        # skip_step on the device (no host read per step) where it can be, else the blocking agreement above
+        self.device_skip, self.gradient_watch = nonfinite_guards(
+            self.engine, self.backbone_optimizer, self.objective, self.skip_nonfinite,
+            config.optim.max_skipped_in_a_row, dims, self.metrics, self.log, self._say)
 
     # -- helpers ---------------------------------------------------------------------------
 

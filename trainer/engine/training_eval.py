@@ -12,10 +12,14 @@ from trainer.models import build_model
 
 
 class TrainingEvaluation:
-    """``initial_model``: the network before training (copied: it is the baseline to beat)."""
+    """``initial_model``: the network before training (copied: it is the baseline to beat), at random
+    init or, ``baseline="init_from"``, the weights ``model.init_from`` loaded (the results keep the
+    ``*_random_init`` names; the log's ``baseline`` says which it was)."""
 
-    def __init__(self, config, dims, initial_model, log, metrics, say: Callable[[str], None]) -> None:
+    def __init__(self, config, dims, initial_model, log, metrics, say: Callable[[str], None],
+                 baseline: str = "random_init") -> None:
         self.config, self.dims, self.log, self.metrics, self.say = config, dims, log, metrics, say
+        self.baseline = baseline
         self.scores = FrozenFeatureScores(config, dims, copy.deepcopy(initial_model))
 
     def run(self, engine, epoch: int, step: int, final: bool, network_statistics: dict | None = None) -> dict:
@@ -25,7 +29,7 @@ class TrainingEvaluation:
         trained = plain_model_from_engine(engine, build_model(self.config.model), network_statistics)
         results = self.scores.score(trained, linear=final and self.config.eval.linear_at_end)
         engine.train()
-        self.log.write(event="eval", epoch=epoch, step=step, final=final, **results)
+        self.log.write(event="eval", epoch=epoch, step=step, final=final, baseline=self.baseline, **results)
         for network in ("trained", "random_init"):
             self.metrics.eval_knn.labels(self.metrics.rank, network).set(results[f"knn_{network}"])
         if self.dims.rank == 0:
@@ -37,8 +41,9 @@ class TrainingEvaluation:
         return results
 
     def _message(self, results: dict, epoch: int) -> str:
-        linear = (f"; linear probe trained {100 * results['linear_trained']:.2f}%  random init "
+        start = "random init" if self.baseline == "random_init" else "start (model.init_from)"
+        linear = (f"; linear probe trained {100 * results['linear_trained']:.2f}%  {start} "
                   f"{100 * results['linear_random_init']:.2f}%" if "linear_trained" in results else "")
         return (f"kNN accuracy (k={self.config.eval.knn_k}, cosine, held-out split) after epoch {epoch}: trained "
-                f"{100 * results['knn_trained']:.2f}%  random init {100 * results['knn_random_init']:.2f}%"
+                f"{100 * results['knn_trained']:.2f}%  {start} {100 * results['knn_random_init']:.2f}%"
                 f"{linear} ({results['seconds']:.1f} s)")

@@ -15,6 +15,7 @@ from trainer.parallel.determinism import apply_determinism
 from trainer.parallel.dims import shutdown_distributed
 from trainer.parallel.host_memory import keep_freed_host_memory
 from trainer.parallel.single_process import single_process_job
+from trainer.provenance.run_start import ConfigOrigin
 
 
 @contextmanager
@@ -49,10 +50,12 @@ def train(config: JobConfig | str | Path, overrides: list[str] | None = None,
     call this in each process torchrun starts.  Errors are raised (``NonFiniteLossError``,
     ``CheckpointWriteError``, ``ConfigError``, ...) where the command would exit with their code.
     """
+    origin = None  # a JobConfig built in Python: run.json holds it resolved, with no file or overrides
     if not isinstance(config, JobConfig):
+        origin = ConfigOrigin(Path(config), tuple(overrides or ()))
         config = load_job_config(config, overrides)
     elif overrides:
         raise ConfigError("train(config, overrides): overrides apply to a YAML file; give train() its path, or "
                           "pass them to trainer.load_job_config(path, overrides)")
     with training_process_group(config) as dims:
-        return Trainer(config, dims, resume=resume).train()
+        return Trainer(config, dims, resume=resume, origin=origin).train()

@@ -5,12 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.checkpoint.rng_state import reseed
+from trainer.checkpoint.initial_weights import starting_network
 from trainer.evaluation.features import EvaluationData, features_digest, gather_to_rank0_host, save_features
 from trainer.evaluation.knn import sharded_knn_accuracy
 from trainer.evaluation.linear import linear_probe_accuracy
 from trainer.evaluation.sharded_knn import knn_bank_shard
-from trainer.models import build_model
 from trainer.parallel import init_distributed
 from trainer.parallel.rank0_work import run_on_rank0
 
@@ -23,10 +22,9 @@ def require_eval_shards(config, config_path: Path) -> None:
 
 
 def random_init_model(config):
-    """The untrained network the trainer starts from with the config's seed: the baseline a
-    trained one must beat."""
-    reseed(config.seed, 0, 0)
-    return build_model(config.model)
+    """The network the trainer starts from with the config's seed (and ``model.init_from``, when
+    set): the baseline a trained one must beat."""
+    return starting_network(config)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ to the classifier's feature width.  Nothing here knows a family's modules.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -61,6 +62,19 @@ class ModelConfig:
         forwards with grad only; the recomputation leaves BatchNorm running statistics as the
         first forward left them, and the state dict's names do not change (checkpoints load with
         it on or off).  See ``trainer.models.activation_checkpointing``.  Off by default.
+    init_from: start the backbone from these weights instead of random init: an export's
+        ``model.safetensors`` (or the export's folder), a plain timm or torchvision state dict
+        (``.pth``/``.pt`` or ``.safetensors``, with the keys of the library's network), or another
+        run's checkpoint folder (its ``model.pt``).  Loaded before the first step; the classifier
+        keys such files carry (``fc.*``, ``head.*``) are dropped and listed in the log, and the head
+        and the objective's rows start as they would (the contrastive prior is computed from the
+        loaded backbone).  A resume ignores it: the checkpoint's weights win.  The file's digest goes
+        into the run's provenance (``run.json``), not its fingerprint.  See
+        ``trainer.checkpoint.initial_weights``.
+    init_strict: with ``init_from``, every backbone tensor must be in the file and every tensor of
+        the file must belong to the backbone (true, default); false loads the tensors that match
+        and logs every missing and unexpected key.  A tensor whose shape differs is refused either
+        way, naming it.
     batch_norm: how the data-parallel ranks share BatchNorm: "local" (each rank's own batch
         statistics, PIC's and One-Million-Way's choice; the running statistics are averaged over the
         ranks before every evaluation and save, so every rank holds, scores and saves one
@@ -82,6 +96,8 @@ class ModelConfig:
     channels_last: bool = False
     compile: bool = False
     activation_checkpointing: bool = False
+    init_from: Path | None = None
+    init_strict: bool = True
 
     def __post_init__(self) -> None:
         check_settings(self)  # arch in the registry; the family's own fields only, with values it builds
@@ -95,6 +111,9 @@ class ModelConfig:
         if not isinstance(self.activation_checkpointing, bool):
             raise ValueError(f"activation_checkpointing={self.activation_checkpointing!r} is invalid: use true "
                              "(recompute each residual unit in the backward) or false")
+        if not isinstance(self.init_strict, bool):
+            raise ValueError(f"init_strict={self.init_strict!r} is invalid: use true (every backbone tensor from the "
+                             "file) or false (what matches, the rest logged)")
         if self.batch_norm not in BATCH_NORM_MODES:
             raise ValueError(f"batch_norm={self.batch_norm!r} is invalid: use local (per-rank statistics, averaged "
                              "before every evaluation and save) or sync (statistics of the global batch)")

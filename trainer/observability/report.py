@@ -67,13 +67,14 @@ def summary_rows(logs: RunLogs) -> list[tuple[str, str]]:
     final = logs.last("eval") or {}
     peaks = ", ".join(f"{s['peak_memory_bytes'] / MIB:,.0f}" for s in summaries)
     kind = "CUDA max allocated" if summaries[0]["peak_memory_kind"].startswith("cuda") else "RSS"
+    start = "start (model.init_from)" if final.get("baseline") == "init_from" else "random init"
     return [
         ("objective", summaries[0]["objective"]),
         ("epochs", str(summaries[0]["epochs"])),
         ("kNN, trained", _percent(final.get("knn_trained"))),
-        ("kNN, random init", _percent(final.get("knn_random_init"))),
+        (f"kNN, {start}", _percent(final.get("knn_random_init"))),
         ("linear probe, trained", _percent(final.get("linear_trained"))),
-        ("linear probe, random init", _percent(final.get("linear_random_init"))),
+        (f"linear probe, {start}", _percent(final.get("linear_random_init"))),
         ("linear probe by share of labels", _curve_text(final.get("linear_curve"))),
         ("images/s (all ranks)", f"{logs.images_per_second():,.1f}"),
         (f"peak memory per rank, MiB ({kind})", peaks),

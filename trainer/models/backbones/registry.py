@@ -8,10 +8,14 @@ package's ``__init__`` imports each family file once (one line per family).
 Some ``ModelConfig`` fields belong to one family only (``small_input_stem`` to ResNets, ``img_size``,
 ``patch_size`` and ``pool`` to ViTs).  An entry lists the ones it reads in ``options``; a config that sets
 another family's field is refused naming the field, so a setting is never silently ignored.
+
+An entry's ``export`` says how the library alone (timm, torchvision) builds the same network, so that
+``instcls export`` hands out weights that load into it with ``strict=True`` and no instcls installed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
@@ -41,6 +45,36 @@ class Trunk:
 
 
 @dataclass(frozen=True)
+class LibraryNetwork:
+    """An entry's trunk as its library builds it, without instcls: the trunk's state dict with
+    ``backbone.`` stripped loads into it with ``strict=True`` (same names, same shapes).
+
+    library: "timm" or "torchvision".
+    architecture: the library's name for it (timm's model name; torchvision's function name, or
+        ``resnet10``, which torchvision builds from its ``ResNet`` class).
+    imports: the import lines ``code`` needs (torch and the library only).
+    code: plain Python lines that bind ``network`` to the trunk at random init, never downloading:
+        the constructor with every argument that changes a shape or a key, then any module swaps
+        (a ResNet's small stem, its ``fc`` dropped).  The export's model card prints them as they are.
+    model_args: timm's ``create_model`` keyword arguments (its hub config's ``model_args``); {} for
+        torchvision.
+    """
+
+    library: str
+    architecture: str
+    imports: tuple[str, ...]
+    code: tuple[str, ...]
+    model_args: dict = dataclasses.field(default_factory=dict, hash=False)
+
+    def build(self) -> nn.Module:
+        """The network at random init, by running ``code`` itself: what the model card prints is
+        what the tests load.  Under ``torch.device("meta")`` nothing is allocated."""
+        namespace: dict = {}
+        exec("\n".join((*self.imports, *self.code)), namespace)  # our own lines, from the entry
+        return namespace["network"]
+
+
+@dataclass(frozen=True)
 class Backbone:
     """One registry entry.
 
@@ -53,6 +87,8 @@ class Backbone:
         family cannot build (called after the options check).
     blocks: ``blocks(trunk_module) -> [modules]``, the residual units in forward order: what
         activation checkpointing would wrap and what the memory profile measures one by one.
+    export: ``export(settings) -> LibraryNetwork``, the same trunk as timm or torchvision builds it
+        (``instcls export``); None: the entry cannot be exported, and an export of it is refused.
     """
 
     name: str
@@ -61,6 +97,7 @@ class Backbone:
     options: frozenset[str]
     check: Callable[[TrunkSettings], None]
     blocks: Callable[[nn.Module], Sequence[nn.Module]]
+    export: Callable[[TrunkSettings], LibraryNetwork] | None = None
 
 
 _BACKBONES: dict[str, Backbone] = {}

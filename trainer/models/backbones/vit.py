@@ -12,16 +12,18 @@ Sides should be multiples of the patch size: the patch embedding's convolution d
 
 ``timm`` is imported when a ViT is built, never before: ``import trainer`` and ResNet jobs do not
 load it.  Nothing here downloads (``pretrained=False``; the tests build every entry with the
-network unreachable).
+network unreachable).  An export (``vit_library_network``) is the same ``create_model`` call: the
+exported weights load into it, or through timm's hub layout (``local-dir:``), under the same names.
 """
 
 from __future__ import annotations
 
+import json
 from functools import partial
 
 from torch import nn
 
-from trainer.models.backbones.registry import Backbone, Trunk, TrunkSettings, register_backbone
+from trainer.models.backbones.registry import Backbone, LibraryNetwork, Trunk, TrunkSettings, register_backbone
 
 POOLS = ("token", "avg")  # timm's global_pool values this registry offers; unset: "token"
 
@@ -41,13 +43,30 @@ def vit_geometry(name: str, settings: TrunkSettings) -> tuple[int, int]:
     return settings.patch_size or patch, settings.img_size or size
 
 
+def vit_model_args(name: str, settings: TrunkSettings) -> dict[str, object]:
+    """``timm.create_model``'s keyword arguments for the trunk (and for its export's ``model_args``).
+    ``dynamic_img_size`` changes no key; it lets the network take other sides than ``img_size``."""
+    patch, size = vit_geometry(name, settings)
+    return {"num_classes": 0, "img_size": size, "patch_size": patch, "global_pool": settings.pool or "token",
+            "dynamic_img_size": True}
+
+
 def build_vit(name: str, settings: TrunkSettings) -> Trunk:
     import timm  # here, not at the top: only ViT jobs pay for importing it
 
-    patch, size = vit_geometry(name, settings)
-    network = timm.create_model(name, pretrained=False, num_classes=0, img_size=size, patch_size=patch,
-                                dynamic_img_size=True, global_pool=settings.pool or "token")
+    network = timm.create_model(name, pretrained=False, **vit_model_args(name, settings))
     return Trunk(network, network.num_features)
+
+
+def vit_library_network(name: str, settings: TrunkSettings) -> LibraryNetwork:
+    """``build_vit``'s call as timm code (the names and shapes are timm's own: with ``global_pool="avg"``
+    the final norm is ``fc_norm``)."""
+    args = vit_model_args(name, settings)
+    # strings in double quotes (the card's style), numbers and booleans as Python writes them
+    call = ", ".join(f"{key}={json.dumps(value) if isinstance(value, str) else repr(value)}"
+                     for key, value in args.items())
+    code = f"network = timm.create_model(\n    {json.dumps(name)}, pretrained=False,\n    {call},\n)"
+    return LibraryNetwork(library="timm", architecture=name, imports=("import timm",), code=(code,), model_args=args)
 
 
 def vit_blocks(network: nn.Module) -> list[nn.Module]:
@@ -72,4 +91,4 @@ def check_vit(name: str, settings: TrunkSettings) -> None:
 for _name in VITS:
     register_backbone(Backbone(name=_name, family="vit", build=partial(build_vit, _name),
                                options=frozenset({"img_size", "patch_size", "pool"}), check=partial(check_vit, _name),
-                               blocks=vit_blocks))
+                               blocks=vit_blocks, export=partial(vit_library_network, _name)))

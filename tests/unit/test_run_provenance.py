@@ -1,0 +1,54 @@
+"""A run's provenance (run.json): the resolved config reads back as the same job, the code and library
+versions and the data's digest are recorded, a checkpoint carries its run's record, and a damaged
+record is named."""
+
+import re
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tests.helpers.training import REPO
+from trainer.config import load_job_config
+from trainer.provenance import collect_provenance, describe_provenance, file_sha256, read_provenance
+from trainer.provenance.checkpoint_entry import ProvenanceState
+from trainer.provenance.run_provenance import git_state
+
+
+def test_the_record_holds_a_config_that_loads_as_the_same_job(digits_shards, tmp_path):
+    overrides = [f"data.train_shards={digits_shards}", "optim.epochs=7", "model.arch=resnet34", "seed=5"]
+    config = load_job_config(REPO / "configs" / "demo_cpu.yaml", overrides)
+    weights = tmp_path / "start.pth"
+    torch.save({"w": torch.ones(3)}, weights)
+    record = collect_provenance(config, "configs/demo_cpu.yaml", overrides, 2, ["node-a", "node-b"], "abc",
+                                init_from={"path": str(weights), "digest": file_sha256(weights)})
+    (tmp_path / "resolved.yaml").write_text(record["config"])
+    assert load_job_config(tmp_path / "resolved.yaml") == config
+    assert record["overrides"] == overrides and record["config_file"] == "configs/demo_cpu.yaml"
+    assert (record["world_size"], record["hosts"], record["run"]) == (2, ["node-a", "node-b"], "abc")
+    assert record["versions"]["torch"] == torch.__version__.split("+")[0]
+    assert record["train_manifest"]["images"] == 1797
+    assert record["train_manifest"]["digest"] == file_sha256(digits_shards / "manifest.json")
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", record["init_from"]["digest"])
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", record["started_at"])
+    lines = describe_provenance(record)
+    assert record["train_manifest"]["digest"] in lines and "node-a, node-b" in lines and str(weights) in lines
+
+
+def test_the_code_is_named_by_its_commit_in_a_checkout_and_not_outside_one(tmp_path):
+    inside = git_state(REPO)
+    assert inside is not None and re.fullmatch(r"[0-9a-f]{40}", inside["commit"]) and isinstance(inside["dirty"], bool)
+    assert git_state(tmp_path) is None
+
+
+def test_a_checkpoint_carries_the_record_of_the_run_that_wrote_it(tmp_path):
+    record = {"format": 1, "run": "abc", "config": "seed: 0\n"}
+    dims = SimpleNamespace(rank=0)
+    (write,) = ProvenanceState(record).snapshot(tmp_path, dims, 4)
+    write.save(write.payload, tmp_path / write.path)
+    assert read_provenance(tmp_path) == record
+    assert ProvenanceState(None).snapshot(tmp_path, SimpleNamespace(rank=1), 4) == []  # rank 0 writes it alone
+    assert read_provenance(tmp_path / "elsewhere") is None  # written before provenance was recorded
+    (tmp_path / "run.json").write_text('{"format": 1, "cut off')
+    with pytest.raises(ValueError, match=r"run\.json is unreadable"):
+        read_provenance(tmp_path)

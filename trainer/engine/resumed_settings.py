@@ -1,0 +1,49 @@
+"""The settings a run takes from the checkpoint it resumes rather than from its config: the job's
+global batch (kept on any world size, ``trainer.elastic.global_batch``) and the seed of its data
+order and views (kept, so that a checkpoint continues the sample sequence it was on; checkpoints
+written when ``data.loader.seed`` defaulted to 0 resume as they did)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from trainer.checkpoint.safe_load import load_data
+from trainer.elastic.global_batch import BatchSplit, split_global_batch
+
+SAMPLER_COMPONENT = "components/sampler"  # the training sampler's state in a checkpoint (its seed among it)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    config: object  # the JobConfig this run trains with
+    split: BatchSplit
+    notes: tuple[str, ...]  # what was taken from the checkpoint, for the log
+
+
+def recorded_loader_seed(checkpoint: Path) -> int | None:
+    """The data-order seed the checkpoint's sampler recorded (None: it recorded none)."""
+    files = sorted((Path(checkpoint) / SAMPLER_COMPONENT).glob("rank-*.pt"))
+    if not files:
+        return None
+    seed = load_data(files[0], map_location="cpu").get("seed")
+    return None if seed is None else int(seed)
+
+
+def settings_for_this_run(config, world_size: int, resumed: Path | None, resumed_meta: dict | None) -> RunSettings:
+    """``config`` with the per-rank batch and the loader seed this run must use on ``world_size`` ranks."""
+    loader = config.data.loader
+    split = split_global_batch(loader.batch_size, world_size,
+                               *((resumed_meta.get("global_batch"), resumed_meta["world_size"])
+                                 if resumed_meta else (None, None)))
+    notes = [split.describe()] if resumed is not None else []
+    if split.changed:
+        loader = replace(loader, batch_size=split.per_rank)
+    seed = recorded_loader_seed(resumed) if resumed is not None else None
+    if seed is not None and seed != loader.seed:
+        notes.append(f"data.loader.seed {seed}, the checkpoint's, not {loader.seed}: a resumed run continues the data "
+                     "order and views it was on (start a new run for another seed)")
+        loader = replace(loader, seed=seed)
+    if loader is not config.data.loader:
+        config = replace(config, data=replace(config.data, loader=loader))
+    return RunSettings(config, split, tuple(notes))
