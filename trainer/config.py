@@ -18,6 +18,7 @@ import yaml
 import ds_configs
 from data_pipeline.contract import LoaderConfig
 from trainer.config_building import ConfigError, apply_overrides, build_dataclass
+from trainer.eval_config import EvalSection
 from trainer.models import ModelConfig
 from trainer.objectives import ObjectiveConfig, OptimSettings, default_objective_config
 from trainer.observability.tensorboard_scalars import tensorboard_missing
@@ -273,54 +274,6 @@ class LoggingSection:
         except ValueError:
             raise ConfigError(f"logging.metrics_bind={self.metrics_bind!r} is invalid: use an IP address such as "
                               "0.0.0.0 (all interfaces) or 127.0.0.1 (this machine only)") from None
-
-
-@dataclass(frozen=True)
-class EvalSection:
-    """Attributes:
-    knn_k: neighbours of the weighted kNN classifier (20).
-    knn_temperature: temperature of the kNN vote weights exp(sim / t) (0.07).
-    knn_at_end: after training, print kNN accuracy of the trained and the random-init network.
-    every_epochs: also score kNN every this many epochs while training (0: only at the end).  All
-        ranks extract features together; it costs about one pass over the bank and held-out
-        shards, in inference mode.  Logged as ``event: eval`` and exported as
-        ``instcls_eval_knn_accuracy``.
-    linear_at_end: after training, also fit a linear probe on the frozen features (trained and
-        random init) and its learning curve over fractions of the labels.  The probe fits on the
-        whole bank, gathered into every rank's host memory: at large N set ``bank_samples``.
-    bank_dtype: how each rank stores its rows of the kNN bank, on its device: "float32" (default)
-        or "float16" (half the memory; rows are still normalised and scored in float32, so only the
-        features' rounding changes).  Each rank holds only the rows of the samples it extracted
-        (about N / ranks); queries are all-gathered and the ranks' top-k lists merged exactly.
-    bank_samples: use only this many bank samples (a fixed subset, the same on every rank and run,
-        chosen by ``bank_subset_seed``; only they are read), or null (default) for all of them.
-        For banks too large to extract or hold, e.g. ImageNet-21K.  The linear probe uses it too.
-    bank_subset_seed: which fixed subset ``bank_samples`` picks (0).
-    """
-
-    knn_k: int = 20
-    knn_temperature: float = 0.07
-    knn_at_end: bool = True
-    every_epochs: int = 0
-    linear_at_end: bool = False
-    bank_dtype: str = "float32"
-    bank_samples: int | None = None
-    bank_subset_seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.bank_dtype not in ("float32", "float16"):
-            raise ConfigError(f"eval.bank_dtype={self.bank_dtype!r} is invalid: use 'float32' or 'float16' (half the "
-                              "bank's memory)")
-        if self.bank_samples is not None and self.bank_samples < 1:
-            raise ConfigError(f"eval.bank_samples={self.bank_samples} is invalid: use a positive number of bank "
-                              "samples, or null for the whole bank")
-        if self.bank_subset_seed < 0:
-            raise ConfigError(f"eval.bank_subset_seed={self.bank_subset_seed} is invalid: use a non-negative seed")
-        if self.knn_k < 1:
-            raise ConfigError(f"eval.knn_k={self.knn_k} is invalid: use at least 1 neighbour")
-        if self.every_epochs < 0:
-            raise ConfigError(f"eval.every_epochs={self.every_epochs} is invalid: use 0 (only at the end) or a "
-                              "positive number of epochs")
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,10 @@ def _coerce(hint, value, where: str):
             except ConfigError:
                 continue
         raise ConfigError(f"{where}={value!r} is invalid: expected {hint}")
+    if origin is tuple and typing.get_args(hint)[1:] == (Ellipsis,):  # tuple[float, ...]: any length
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}={value!r} is invalid: expected a list")
+        return tuple(_coerce(typing.get_args(hint)[0], v, f"{where}[{i}]") for i, v in enumerate(value))
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(typing.get_args(hint)):
             raise ConfigError(f"{where}={value!r} is invalid: expected a list of {len(typing.get_args(hint))} numbers")

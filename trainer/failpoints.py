@@ -26,7 +26,9 @@ features of that step NaN, as a bad batch or an overflow in the backbone would; 
 keeps the features and the loss finite and makes their gradient infinite, as an overflow in the
 backward would.  One waits:
 ``train.wait_for_sigterm`` (``wait_point``, after the backward) holds the rank until it has had
-SIGTERM, so that a drill's SIGTERM lands mid-run however fast or slow the machine's steps are.
+SIGTERM, so that a drill's SIGTERM lands mid-run however fast or slow the machine's steps are.  One
+raises: ``eval.end_of_run`` (``armed``) makes the end-of-run evaluation fail with an exception after
+the final checkpoint is complete.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ POINTS = (
     "train.nan_features",
     "train.inf_gradient",
     "train.wait_for_sigterm",
+    "eval.end_of_run",
 )
 
 

@@ -281,8 +281,8 @@ def evaluated_run(digits_split, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("evaluated-run")
     copied = run_dir / "my-job.yaml"
     copied.write_text((REPO / "configs/digits_cpu.yaml").read_text())
-    run_train(run_dir, digits_split, 2, FAST + ["optim.epochs=2", "eval.knn_at_end=true"], config=str(copied),
-              cwd=run_dir)
+    run_train(run_dir, digits_split, 2, FAST + ["optim.epochs=2", "eval.knn_at_end=true", "eval.linear_at_end=true",
+                                                "eval.linear.method=sgd"], config=str(copied), cwd=run_dir)
     checkpoint = latest_checkpoint(run_dir)
     assert checkpoint.name == "step_000000024"  # 2 epochs of 12 steps
     return run_dir, checkpoint, RunLogs.read(run_dir / "logs").last("eval")
@@ -290,14 +290,14 @@ def evaluated_run(digits_split, tmp_path_factory):
 
 def _eval_settings(digits_split) -> list[str]:
     return [f"data.train_shards={digits_split['train']}", f"data.eval_shards={digits_split['val']}",
-            "data.loader.num_threads=1"]
+            "data.loader.num_threads=1", "eval.linear.method=sgd"]
 
 
-def _eval_on_two_ranks(name, digits_split, out_dir) -> tuple[tuple[float, str], object]:
-    """`instcls eval knn` of ``name`` (a checkpoint or "random-init") under torchrun on 2 ranks, with the
-    trainer's loader, batch size and threads: what it printed, and the features it wrote."""
-    out = out_dir / f"features-2-ranks-{getattr(name, 'name', name)}.pt"
-    result = subprocess.run(_eval_command("knn", name, _eval_settings(digits_split), out, nproc=2), cwd=out_dir,
+def _eval_on_two_ranks(name, digits_split, out_dir, protocol="knn") -> tuple[tuple[float, str], object]:
+    """`instcls eval knn` (or ``protocol``) of ``name`` (a checkpoint or "random-init") under torchrun on 2
+    ranks, with the trainer's loader, batch size and threads: what it printed, and the features it wrote."""
+    out = out_dir / f"features-2-ranks-{protocol}-{getattr(name, 'name', name)}.pt"
+    result = subprocess.run(_eval_command(protocol, name, _eval_settings(digits_split), out, nproc=2), cwd=out_dir,
                             env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0 and "\r" not in result.stdout + result.stderr, result.stderr[-3000:]
     return _printed(result.stdout, name), torch.load(out, weights_only=True)
@@ -326,6 +326,9 @@ def test_eval_scores_a_checkpoint_exactly_as_the_trainer_did(evaluated_run, digi
         torch.testing.assert_close(saved[name], (per_rank[0][name] + per_rank[1][name]) / 2, rtol=1e-6, atol=1e-6)
     printed, _ = _eval_on_two_ranks(checkpoint, digits_split, tmp_path)
     assert printed == (logged["knn_trained"], logged["query_features_digest"]), (printed, logged)
+    # the linear probe too: the data-parallel probe of `instcls eval linear` is the trainer's
+    printed, _ = _eval_on_two_ranks(checkpoint, digits_split, tmp_path, protocol="linear")
+    assert logged["linear_method"] == "sgd" and printed[0] == logged["linear_trained"], (printed, logged)
 
     other = ["--set", "model.arch=resnet10", "--set", "model.feature_dim=64"]
     files = {p: p.stat().st_mtime_ns for p in checkpoint.rglob("*")}

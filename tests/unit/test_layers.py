@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("models", ("trainer.models",)),
     ("classifier", ("trainer.classifier",)),  # a second kernel backend goes in trainer/classifier/kernel/
     ("objectives", ("trainer.objectives",)),
-    ("config", ("trainer.config_building", "trainer.config")),
+    ("config", ("trainer.config_building", "trainer.eval_config", "trainer.config")),
     ("checkpoint", ("trainer.checkpoint",)),
     ("provenance", ("trainer.provenance",)),  # run.json: what made a run, written by the engine, read by export
     ("evaluation", ("trainer.evaluation",)),

@@ -25,6 +25,7 @@ def register(commands) -> None:
     _add_ingest(benchmarks)
     _add_checkpoint(benchmarks)
     _add_step(benchmarks)
+    _add_eval(benchmarks)
 
 
 def _add_bench(benchmarks, name: str, settings_class: type, handler, help: str, description: str | None = None,
@@ -179,6 +180,21 @@ def _run_scale(args: argparse.Namespace) -> int:
     from trainer.bench.scale_bench import ScaleBenchSettings, format_report, run
 
     summary = run(settings_from_args(ScaleBenchSettings, args))
+    return _report(args, format_report(summary), summary)
+
+
+def _add_eval(benchmarks) -> None:
+    from trainer.bench.eval_bench import EvalBenchSettings
+
+    _add_bench(benchmarks, "eval", EvalBenchSettings, _run_eval,
+               help="feature extraction images/s, the SGD linear probe beside scikit-learn's, and probe epochs on one "
+               "rank's share of ImageNet-1K")
+
+
+def _run_eval(args: argparse.Namespace) -> int:
+    from trainer.bench.eval_bench import EvalBenchSettings, format_report, run
+
+    summary = run(settings_from_args(EvalBenchSettings, args))
     return _report(args, format_report(summary), summary)
 
 

@@ -53,6 +53,14 @@ def _run_eval(args: argparse.Namespace) -> int:
         # equal digests mean the held-out features are bit-identical to the ones it scored.
         print(f"{result.label} accuracy of {checkpoint}: {100 * result.accuracy:.2f}% "
               f"({result.accuracy!r}; held-out features digest {result.query_features_digest})")
+        details = result.details or {}
+        if details.get("top5") is not None:
+            print(f"top-5: {100 * details['top5']:.2f}%")
+        if "choice" in details:  # the sweep's pick, scored on the held-out part of the bank
+            choice = details["choice"]
+            print(f"chosen head: lr {choice['learning_rate']:g}, weight decay {choice['weight_decay']:g} "
+                  f"({100 * choice['held_out_top1']:.2f}% on the held-out part of the bank, of "
+                  f"{len(choice['grid'])} heads)")
     return 0
 
 

@@ -130,6 +130,18 @@ def _run_plan(args: argparse.Namespace) -> int:
         plan = replace(plan, runtime_bytes=runtime_rss_bytes(plan.dali))
     capacity = int(args.gpu_memory_gib * GIB)
     print(format_plan(plan, capacity))
+    if args.config is not None:  # the end-of-run evaluation at the job's N
+        from trainer.config import load_job_config
+        from trainer.planning.evaluation_plan import evaluation_plan_lines
+        from trainer.planning.plan_from_config import num_instances_of
+
+        config = load_job_config(args.config, [])
+        try:
+            bank_rows = num_instances_of(config, args.num_classes)
+        except ValueError:  # N is not needed for the training plan of every objective
+            print("evaluation: not planned (the training shards are not on this machine: give --num-classes N)")
+        else:
+            print("\n".join(evaluation_plan_lines(config, args.ranks, bank_rows)))
     if args.json:
         args.json.write_text(json.dumps(plan_modes(plan, capacity), indent=2))
     return 0

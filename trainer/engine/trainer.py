@@ -125,8 +125,7 @@ class Trainer:
         model = starting_network(config, self._say, resumed)  # the same initial network on every rank
         # Scored next to the trained network: does training beat the architecture alone?
         baseline = "init_from" if config.model.init_from is not None and resumed is None else "random_init"
-        self.evaluation = TrainingEvaluation(config, dims, model, self.log, self.metrics, self._say,
-                                             baseline) if config.data.eval_shards else None
+        self.evaluation = TrainingEvaluation.of_job(config, dims, model, self.log, self.metrics, self._say, baseline)
         model = apply_batch_norm_mode(model, config.model.batch_norm, dims.data_parallel_group)
         if config.model.compile:
             model.compile()  # in place: DeepSpeed's engine and the checkpoints see the same module and names
@@ -252,11 +251,13 @@ class Trainer:
         finally:
             self.checkpointer.close()  # the save in flight finishes (on an error too: it is a good one)
             self.stop_signal.restore()
-        # Every clean end (the last epoch, max_steps, SIGTERM) logs what the run cost, its peak memory included.
-        self.record.summary(config.objective.name, state.epoch, state.global_step, self.dims.world_size, stopped_by)
-        scores = None
-        if stopped_by == "finished" and config.eval.knn_at_end:
-            scores = self.evaluate(final=True)
+        scores = None  # after the final checkpoint: a failure here is recorded, not raised
+        if stopped_by == "finished" and self.evaluation is not None and self.evaluation.at_end:
+            scores = self.evaluation.final(lambda: self.evaluate(final=True))
+        # Every clean end (the last epoch, max_steps, SIGTERM) logs what the run cost, its peak memory
+        # included, and how its final evaluation went.
+        self.record.summary(config.objective.name, state.epoch, state.global_step, self.dims.world_size, stopped_by,
+                            eval_failed=(scores or {}).get("eval_failed"))
         return TrainResult(state, stopped_by, self.checkpointer.last_complete, scores)
 
     def _train_epoch(self) -> str:

@@ -24,6 +24,17 @@ def _splitmix64(values: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
+def keyed_unit(ids: np.ndarray, seed: int, stream: int, index: int = 0) -> np.ndarray:
+    """A number in [0, 1) per id, a pure function of (id, seed, stream, index): the linear probe's
+    held-out split, mini-batches (``index``: the epoch) and label fractions, the same on every rank
+    however the ids are spread over the ranks.  Two rounds of splitmix64, 53 bits kept."""
+    salt = np.uint64((stream << 32) + index)
+    with np.errstate(over="ignore"):
+        keys = _splitmix64(np.asarray(ids).astype(np.uint64) + np.uint64(seed) * _GOLDEN)
+        keys = _splitmix64(keys ^ (salt * _GOLDEN))
+    return (keys >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+
+
 def bank_subset_ids(num_samples: int, bank_samples: int, seed: int) -> np.ndarray:
     """The ascending ids of ``min(bank_samples, num_samples)`` of ``0..num_samples-1``, fixed by ``seed``."""
     if bank_samples >= num_samples:

@@ -5,12 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+
 from trainer.checkpoint.initial_weights import starting_network
 from trainer.evaluation.features import EvaluationData, features_digest, gather_to_rank0_host, save_features
 from trainer.evaluation.knn import sharded_knn_accuracy
-from trainer.evaluation.linear import linear_probe_accuracy
+from trainer.evaluation.linear_protocol import linear_scores
 from trainer.evaluation.sharded_knn import knn_bank_shard
 from trainer.parallel import init_distributed
+from trainer.parallel.collectives import all_reduce_
 from trainer.parallel.rank0_work import run_on_rank0
 
 PROTOCOLS = ("knn", "linear")
@@ -35,6 +39,7 @@ class FrozenAccuracy:
     accuracy: float
     query_features_digest: str  # ``features_digest`` of the held-out features (the trainer logs the same)
     rank: int
+    details: dict | None = None  # the linear probe's: top-5, the sweep's choice, the label-fraction curve
 
 
 def frozen_accuracy(model, config, protocol: str, features_out: Path | None = None) -> FrozenAccuracy:
@@ -47,16 +52,17 @@ def frozen_accuracy(model, config, protocol: str, features_out: Path | None = No
     bank, queries = EvaluationData(config.data, config.eval, dims).bank_and_queries(model)
     group = dims.data_parallel_group
     digest = features_digest(queries, group)
-    if features_out is not None or protocol == "linear":  # both need every row in one process: rank 0's
+    if features_out is not None:  # every row in one process: rank 0's (held-out sets and bank subsets)
         bank_all, queries_all = gather_to_rank0_host(bank, dims), gather_to_rank0_host(queries, dims)
-        if features_out is not None:  # the others wait for rank 0's write without a collective deadline
-            run_on_rank0(lambda: save_features(features_out, bank_all, queries_all), dims.control_group)
+        # the others wait for rank 0's write without a collective deadline
+        run_on_rank0(lambda: save_features(features_out, bank_all, queries_all), dims.control_group)
     if protocol == "knn":
         shard = knn_bank_shard(bank.features, bank.labels, bank.ids, group)
         accuracy = sharded_knn_accuracy(shard, queries.features, queries.labels, config.eval.knn_k,
                                         config.eval.knn_temperature, group)
         return FrozenAccuracy(f"kNN (k={config.eval.knn_k}, cosine)", accuracy, digest, dims.rank)
-    # fitted on rank 0 for as long as it takes: the others wait without a collective deadline
-    accuracy = run_on_rank0(lambda: linear_probe_accuracy(bank_all.features, bank_all.labels, queries_all.features,
-                                                          queries_all.labels), dims.control_group)
-    return FrozenAccuracy("linear probe", accuracy, digest, dims.rank)
+    # the trainer's end-of-run probe: the same method, settings and features give the same figure
+    bank_rows = int(all_reduce_(torch.tensor([bank.ids.numel()], device=bank.ids.device), dist.ReduceOp.SUM,
+                                group).item())
+    probe = linear_scores(bank, queries, bank_rows, config.eval.linear, dims, curve=False)
+    return FrozenAccuracy(f"linear probe ({probe['method']})", probe["top1"], digest, dims.rank, probe)

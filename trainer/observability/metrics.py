@@ -33,6 +33,7 @@ METRIC_NAMES = (
     "instcls_steps_per_epoch",
     "instcls_epochs_planned",
     "instcls_eval_knn_accuracy",
+    "instcls_eval_failed",
     "instcls_bad_samples_skipped_total",
     "instcls_nonfinite_steps_skipped_total",
     "instcls_world_size",
@@ -100,6 +101,10 @@ class TrainingMetrics:
             labels + ["network"],
             registry=r,
         )
+
+        self.eval_failed = gauge("instcls_eval_failed",
+                                 "1 when the end-of-run evaluation failed after the final checkpoint was complete "
+                                 "(the run still finished: re-score it with `instcls eval`), else 0.")
 
     def add_phases(self, seconds: dict[str, float]) -> None:
         for phase, value in seconds.items():

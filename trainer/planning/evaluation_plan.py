@@ -1,0 +1,66 @@
+"""`instcls plan --config`: what the job's evaluation holds per rank at the end of the run, the linear
+probe at the job's N by its method (``eval.linear``), next to the kNN it runs beside."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from trainer.evaluation.knn_memory import knn_peak_bytes
+from trainer.evaluation.linear_sgd import linear_probe_bytes
+
+MIB = 1 << 20
+ASSUMED_CLASSES = 1000  # when the bank's manifest is not on this machine or names no classes
+
+
+ASSUMED_QUERIES = 50_000  # ImageNet's validation set, when the eval shards' manifest is not here
+
+
+def _manifest(shards: Path | None) -> dict:
+    try:
+        return json.loads((Path(shards) / "manifest.json").read_text()) if shards is not None else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _feature_width(model_config) -> int:
+    from trainer.models.backbones import get_backbone
+
+    with torch.device("meta"):
+        return get_backbone(model_config.arch).build(model_config).width
+
+
+def evaluation_plan_lines(config, ranks: int, bank_rows: int) -> list[str]:
+    """The lines ``instcls plan`` prints for the end-of-run evaluation of ``config`` on ``ranks``,
+    with a bank of ``bank_rows`` samples (``eval.bank_samples`` caps it)."""
+    section = config.eval
+    if config.data.eval_shards is None:
+        return ["evaluation: off (data.eval_shards is unset)"]
+    rows = min(bank_rows, section.bank_samples or bank_rows)
+    width = _feature_width(config.model)
+    found = len(_manifest(config.data.knn_bank_shards or config.data.train_shards).get("class_names") or [])
+    classes = found or ASSUMED_CLASSES
+    source = "the bank's manifest" if found else f"{ASSUMED_CLASSES} assumed: no class names in a manifest here"
+    queries = _manifest(config.data.eval_shards).get("num_instances") or ASSUMED_QUERIES
+    element_bytes = 2 if section.bank_dtype == "float16" else 4
+    knn = knn_peak_bytes(queries, rows, width, section.knn_k, ranks, bank_element_bytes=element_bytes, classes=classes)
+    lines = [f"evaluation: a bank of {rows:,} samples x {width} features, {classes:,} classes ({source}), "
+             f"{queries:,} held-out samples",
+             f"  kNN per rank: {knn / MIB:,.1f} MiB"]
+    at_end = "at the end of the run" if section.linear_at_end else "in `instcls eval linear` (linear_at_end: false)"
+    linear = section.linear
+    method = linear.method_for(rows)
+    if method == "sklearn":
+        gathered = rows * (width * 4 + 8)
+        return lines + [f"  linear probe {at_end}: sklearn on rank 0: the bank gathered into its host memory, "
+                        f"{gathered / MIB:,.1f} MiB, one CPU fit (eval.linear.method: sgd shares it over the ranks)"]
+    heads = len(linear.learning_rates) * len(linear.weight_decays)
+    parts = linear_probe_bytes(rows, width, classes, heads, linear.batch_size, ranks, element_bytes=element_bytes)
+    total, bank, step, state = (value / MIB for value in (sum(parts.values()), parts["bank_rows"], parts["step"],
+                                                          parts["heads"]))
+    return lines + [f"  linear probe {at_end}, per rank (sgd, {heads} heads, batch {linear.batch_size:,}): "
+                    f"{total:,.1f} MiB = its bank rows {bank:,.1f} + one step {step:,.1f} + the heads' weights, "
+                    f"momentum and gradient {state:,.1f}; each step all-reduces "
+                    f"{heads * classes * (width + 1) * 4 / MIB:,.1f} MiB"]
