@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch.distributed._tools.mem_tracker import MemTracker
 
+from tests.helpers.training import REPO
 from trainer.config import ConfigError, load_job_config
 from trainer.eval_config import LinearProbeSection
 from trainer.evaluation.features import LocalFeatures
 from trainer.evaluation.linear_sgd import ProbeGrid, _batches, _fit, _Heads, _standardiser, linear_probe
-from tests.helpers.training import REPO
 
 CLASSES, WIDTH = 5, 12
 
