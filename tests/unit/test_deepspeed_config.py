@@ -101,3 +101,24 @@ def test_autocast_configs_that_would_lose_precision_are_refused(tmp_path, autoca
     stage0 = {"zero_optimization": {"stage": 0}, "torch_autocast": {**autocast, "dtype": "bfloat16"}}
     path.write_text(json.dumps(stage0))
     assert load_deepspeed_config(path, micro_batch=4)["torch_autocast"]["enabled"]
+
+
+def test_the_throughput_timer_is_off_unless_the_file_asks_and_then_its_waits_are_named(tmp_path):
+    """DeepSpeed turns its throughput timer on by default and it synchronises the device twice a step:
+    a file without ``timers`` gets it off; a file that turns it on keeps it, and the rule says why."""
+    from trainer.engine.deepspeed_host_syncs import host_reads_per_step
+
+    plain, asks = tmp_path / "plain.json", tmp_path / "asks.json"
+    plain.write_text(json.dumps({"zero_optimization": {"stage": 0}}))
+    asks.write_text(json.dumps({"zero_optimization": {"stage": 0}, "timers": {"throughput": {"enabled": True}}}))
+    assert load_deepspeed_config(plain, 8)["timers"] == {"throughput": {"enabled": False}}
+    assert host_reads_per_step(load_deepspeed_config(plain, 8)) == []
+    kept = load_deepspeed_config(asks, 8)
+    assert kept["timers"] == {"throughput": {"enabled": True}}
+    assert ["throughput timer" in reason for reason in host_reads_per_step(kept)] == [True]
+    unsynchronised = {**kept, "timers": {"throughput": {"enabled": True, "synchronized": False}}}
+    assert host_reads_per_step(unsynchronised) == []
+    for shipped in sorted((Path(__file__).parents[2] / "ds_configs").glob("*.json")):  # they say so themselves
+        assert json.loads(shipped.read_text())["timers"] == {"throughput": {"enabled": False}}, shipped
+    clipped = load_deepspeed_config(plain, 8, clip_grad_norm=1.0)
+    assert ["gradient clipping" in reason for reason in host_reads_per_step(clipped)] == [True]

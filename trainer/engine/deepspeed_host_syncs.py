@@ -17,6 +17,15 @@ nothing: the job's optimizer runs unwrapped, and DeepSpeed's gradient clipping t
 (``clip_fp32_gradients``) stays on the device.  At stages 1-2 clipping needs the gradient norm,
 which ``load_deepspeed_config`` refuses to combine with ``compute_grad_norm: false``.
 
+Two more, from the engine rather than the optimizer:
+
+- DeepSpeed's throughput timer (``timers.throughput``, on by default in DeepSpeed) synchronises the
+  device when it starts, in every forward, and when it stops, in ``step()``, from step 3 on: two
+  device-wide waits a step.  ``load_deepspeed_config`` turns it off unless the file asks for it.
+- stage-0 gradient clipping (``gradient_clipping`` with unwrapped fp32 gradients) runs
+  ``deepspeed.runtime.utils.clip_grad_norm_``, which copies two Python numbers to the device every
+  step (``torch.tensor([...], device=...)``) and all-reduces the norm.
+
 Without DeepSpeed's checks the trainer still watches the loss and the gradients for NaN and inf on
 the device (``optim.on_nonfinite``, ``trainer.engine.gradient_watch``).
 ``tests/integration/test_deepspeed_host_syncs.py`` holds these rules against the reads a step makes.
@@ -46,4 +55,11 @@ def host_reads_per_step(ds_config: dict) -> list[str]:
             reasons.append("the gradient norm (zero_optimization.compute_grad_norm: false turns it off)")
     elif stage == 3:
         reasons.append("ZeRO-3 checks for overflow (no switch)")
+    throughput = ds_config.get("timers", {}).get("throughput", {})
+    if throughput.get("enabled", True) and throughput.get("synchronized", True):
+        reasons.append("DeepSpeed's throughput timer synchronises the device at every forward and step "
+                       "(timers.throughput.enabled: true; remove the key, or set it false or synchronized: false)")
+    if stage == 0 and not bf16_engine and float(ds_config.get("gradient_clipping", 0) or 0) > 0:
+        reasons.append("stage-0 gradient clipping copies two numbers to the device and all-reduces the norm every "
+                       "step (DeepSpeed's clip_grad_norm_)")
     return reasons

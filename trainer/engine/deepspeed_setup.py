@@ -15,7 +15,9 @@ from trainer.parallel.deepspeed_import import deepspeed
 
 def load_deepspeed_config(path: Path, micro_batch: int, clip_grad_norm: float = 0.0) -> dict:
     """Read a ds_configs/ JSON file, drop ``_comment`` keys, fill in the batch size and the
-    gradient clipping of ``optim.clip_grad_norm`` (``apply_gradient_clipping``)."""
+    gradient clipping of ``optim.clip_grad_norm`` (``apply_gradient_clipping``), and turn DeepSpeed's
+    throughput timer off unless the file configures ``timers.throughput`` itself (a rule of
+    ``host_reads_per_step`` then names its waits)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"deepspeed_config {path} not found; name a shipped one (zero{{0,1,2,3}}[_bf16]) or a file "
@@ -41,6 +43,11 @@ def load_deepspeed_config(path: Path, micro_batch: int, clip_grad_norm: float = 
         raise ConfigError(f"{path}: gradient_accumulation_steps must be 1 (the classifier steps every batch)")
     config["train_micro_batch_size_per_gpu"] = micro_batch
     config.pop("train_batch_size", None)
+    # DeepSpeed's throughput timer is on unless a config says otherwise, and synchronises the whole
+    # device at its start (every forward) and stop (every step): off, unless the file asks for it
+    timers = config.get("timers", {})
+    if "throughput" not in timers:
+        config["timers"] = {**timers, "throughput": {"enabled": False}}
     config.setdefault("zero_allow_untested_optimizer", True)  # SGD, LARS, AdamW: torch's or ours, not DeepSpeed's
     return apply_gradient_clipping(config, clip_grad_norm, path)
 
