@@ -33,30 +33,26 @@ def _dims_with_a_short_control_timeout() -> ParallelDims:
     return dataclasses.replace(dims, control_group=control)
 
 
-def _gathered_on_rank0(self, model, linear: bool):
-    """``FrozenFeatureScores._scores`` without a network: rank 0 alone holds the probe's inputs."""
-    inputs = (torch.zeros(2, 3), torch.tensor([0, 1]), torch.zeros(2, 3), torch.tensor([0, 1]))
-    return 0.5, "digest", inputs if self.dims.rank == 0 else None
-
-
-def _slow_curve(*inputs) -> dict:
+def _slow_curve(*inputs, seed: int = 0) -> dict:
     time.sleep(PROBE_S)
     return {1.0: 0.75}
 
 
 def _final_scores() -> None:
-    from trainer.evaluation import scoring  # here: the other test's ranks need not import it
-    from trainer.evaluation.scoring import FrozenFeatureScores
+    from trainer.eval_config import LinearProbeSection
+    from trainer.evaluation import linear_protocol  # here: the other test's ranks need not import it
+    from trainer.evaluation.features import LocalFeatures
 
     dims = _dims_with_a_short_control_timeout()
-    with (mock.patch.object(FrozenFeatureScores, "_scores", _gathered_on_rank0),
-          mock.patch.object(scoring, "linear_probe_curve", _slow_curve),
-          mock.patch.object(scoring, "linear_probe_accuracy", lambda *inputs: 0.25)):
+    rows = LocalFeatures(torch.zeros(2, 3), torch.tensor([0, 1]), torch.tensor([0, 1]))
+    # scikit-learn's probe: rank 0 alone holds the gathered rows, and its fit outlasts the control timeout
+    with (mock.patch.object(linear_protocol, "gather_to_rank0_host", lambda local, dims: local if dims.rank == 0
+                            else None),
+          mock.patch.object(linear_protocol, "linear_probe_curve", _slow_curve)):
         started = time.monotonic()
-        results = FrozenFeatureScores(None, dims, random_init=None).score(None, linear=True)
+        results = linear_protocol.linear_scores(rows, rows, 2, LinearProbeSection(method="sklearn"), dims, curve=True)
         waited = time.monotonic() - started
-    assert results["linear_curve"] == {"1.0": 0.75}, results
-    assert results["linear_trained"] == 0.75 and results["linear_random_init"] == 0.25, results
+    assert results == {"method": "sklearn", "top1": 0.75, "curve": {"1.0": 0.75}}, results
     assert waited > CONTROL_TIMEOUT_S + 1, waited  # every rank outlasted the control group's timeout
 
 

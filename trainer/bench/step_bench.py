@@ -28,8 +28,9 @@ from __future__ import annotations
 import gc
 import json
 import tempfile
+import threading
 from collections import Counter
-from contextlib import nullcontext
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from statistics import fmean, median
@@ -40,6 +41,7 @@ import torch
 from trainer.bench.data_bench import loader_images_per_second, synthetic_shards
 from trainer.bench.step_feed import StepFeed, random_views, synthetic_batch
 from trainer.bench.step_instruments import InstrumentedPhases, StepInstruments, profile_step_on
+from trainer.dry_run.device_waits import DeviceWaitCounter
 from trainer.dry_run.host_syncs import device_sync_sites
 from trainer.parallel.launch import spawn_local_workers
 
@@ -95,7 +97,8 @@ def _job_overrides(shards: Path, work: Path, steps: int) -> list[str]:
     endpoint, and a stop after ``steps``."""
     return [f"data.train_shards={shards}", f"data.eval_shards={shards}", f"checkpoint.dir={work / 'checkpoints'}",
             f"logging.dir={work / 'logs'}", "logging.metrics_port=0", "logging.progress=false",
-            "eval.knn_at_end=false", "eval.every_epochs=0", "checkpoint.every_epochs=0", f"max_steps={steps}"]
+            "eval.knn_at_end=false", "eval.linear_at_end=false", "eval.every_epochs=0", "checkpoint.every_epochs=0",
+            f"max_steps={steps}"]
 
 
 def _loader_images_per_second(config, dims, warmup: int, steps: int) -> float:
@@ -134,9 +137,15 @@ def _bench_rank(config_path: Path, overrides: list[str], settings: StepBenchSett
     (out / f"rank-{dims.rank}.json").write_text(json.dumps(record))
 
 
+@contextmanager
 def _syncs_recorded(device: torch.device):
-    """On GPUs every synchronizing CUDA call, recorded with its source line; nothing elsewhere."""
-    return device_sync_sites() if device.type == "cuda" else nullcontext(None)
+    """On GPUs every synchronizing CUDA call of the training thread, recorded with its source line: those
+    CUDA's sync-debug mode reports and the waits it does not (``DeviceWaitCounter``); nothing elsewhere."""
+    if device.type != "cuda":
+        yield None
+        return
+    with device_sync_sites() as sites, DeviceWaitCounter(sink=sites, thread=threading.get_ident()):
+        yield sites
 
 
 def _job_run(config, dims, settings: StepBenchSettings, views: list[torch.Tensor]) -> dict:

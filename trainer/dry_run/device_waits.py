@@ -56,11 +56,11 @@ class DeviceWaitCounter:
 
     def __enter__(self) -> DeviceWaitCounter:
         try:
-            from deepspeed.accelerator import get_accelerator
+            from trainer.parallel.deepspeed_import import deepspeed
         except ImportError:  # a machine without DeepSpeed: torch's own waits are still counted
-            get_accelerator = None
-        if get_accelerator is not None:
-            accelerator = get_accelerator()
+            deepspeed = None
+        if deepspeed is not None:
+            accelerator = deepspeed.get_accelerator()
             self._wrap(accelerator, "synchronize", f"{type(accelerator).__name__}.synchronize")
         self._wrap(torch.cuda, "synchronize", "torch.cuda.synchronize")
         self._wrap(torch.cuda.Stream, "synchronize", "torch.cuda.Stream.synchronize")

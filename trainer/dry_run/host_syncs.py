@@ -169,16 +169,13 @@ class HostSyncRecorder(TorchDispatchMode):
 def device_sync_sites():
     """On a real GPU: CUDA's own sync debug mode over the block, each synchronizing call recorded, as
     it warns, with the innermost source line outside torch that asked for it (the project's, or a
-    library's such as DeepSpeed's), and every wait for the whole device that the mode does not report
-    (``torch.cuda.synchronize``, a stream's or an event's ``synchronize``, DeepSpeed's
-    ``get_accelerator().synchronize``: ``device_waits``).  Only the thread that entered the block
-    counts: the warnings hook is process-wide, and a worker thread that waits on its own stream (PIC's
-    prefetch) does not stall the training thread.  Yields the list the sites are appended to."""
+    library's such as DeepSpeed's).  Only the thread that entered the block counts: the warnings hook
+    is process-wide, and a worker thread that waits on its own stream (PIC's prefetch) does not stall
+    the training thread.  The mode does not report ``torch.cuda.synchronize`` or a stream's or an
+    event's ``synchronize``: ``device_waits`` counts those.  Yields the list the sites are appended to."""
     import threading
 
     import torch
-
-    from trainer.dry_run.device_waits import DeviceWaitCounter
 
     sites: list[str] = []
     training_thread = threading.get_ident()
@@ -187,8 +184,7 @@ def device_sync_sites():
         if "synchroniz" in str(message).lower() and threading.get_ident() == training_thread:
             sites.append(caller(also_skip=(warnings.__file__,)))  # the frames that deliver the warning
 
-    waits = DeviceWaitCounter(sink=sites, thread=training_thread)
-    with warnings.catch_warnings(), waits:
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = record  # called where the warning is raised: the stack is the sync's
         torch.cuda.set_sync_debug_mode("warn")

@@ -43,16 +43,19 @@ class TrainingEvaluation:
     @classmethod
     def of_job(cls, config, dims, initial_model, log, metrics, say: Callable[[str], None],
                baseline: str) -> TrainingEvaluation | None:
-        """The job's evaluation, its data checked now (rank 0 reads the labels; every rank raises the
-        same ``ValueError``), or None when ``data.eval_shards`` is unset (said in one line)."""
+        """The job's evaluation, its data checked now when the run will score it (rank 0 reads the labels;
+        every rank raises the same ``ValueError``), or None when ``data.eval_shards`` is unset (said in
+        one line)."""
         off = evaluation_off_line(config)
         if off is not None:
             say(off)
             return None
-        problem = run_on_rank0(lambda: _problem_of(check_evaluation_data, config),
-                               dims.control_group if dims.is_distributed else None)
-        if problem is not None:
-            raise ValueError(problem)
+        section = config.eval
+        if section.knn_at_end or section.linear_at_end or section.every_epochs:  # it will score: check it now
+            problem = run_on_rank0(lambda: _problem_of(check_evaluation_data, config),
+                                   dims.control_group if dims.is_distributed else None)
+            if problem is not None:
+                raise ValueError(problem)
         return cls(config, dims, initial_model, log, metrics, say, baseline)
 
     @property
