@@ -104,6 +104,13 @@ class SampleTable:
         row = self.rows[sample_id]
         return self._read(sample_id, int(row["offset"]), int(row["size"]), "jpg")
 
+    def labels(self, ids: np.ndarray) -> np.ndarray:
+        """The labels of ``ids`` (-1: none): the table's column, or, for a shard set an older
+        make-shards wrote, read from the tars one by one."""
+        if self._label_offsets is not None:
+            return np.array([self.read_label(int(i)) for i in ids], dtype=np.int64)
+        return np.asarray(self.rows["label"][ids], dtype=np.int64)
+
     def read_label(self, sample_id: int) -> int:
         if self._label_offsets is not None:
             return decode_int64(self._read(sample_id, int(self._label_offsets[sample_id]), ID_BYTES, "cls"))

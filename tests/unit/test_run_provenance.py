@@ -52,3 +52,16 @@ def test_a_checkpoint_carries_the_record_of_the_run_that_wrote_it(tmp_path):
     (tmp_path / "run.json").write_text('{"format": 1, "cut off')
     with pytest.raises(ValueError, match=r"run\.json is unreadable"):
         read_provenance(tmp_path)
+
+
+def test_a_missing_start_file_is_recorded_and_left_to_the_load_to_refuse(digits_shards, tmp_path):
+    """Rank 0 records the run before the network is built: a missing ``init_from`` is noted, not
+    raised there alone (every rank then refuses it as it loads it, naming the fix)."""
+    from trainer.provenance.run_start import record_run_start
+
+    config = load_job_config(REPO / "configs" / "demo_cpu.yaml", [
+        f"data.train_shards={digits_shards}", f"model.init_from={tmp_path / 'gone.pth'}",
+        f"logging.dir={tmp_path / 'logs'}"])
+    state = record_run_start(config, SimpleNamespace(rank=0, world_size=1, is_distributed=False), "run", None, None)
+    assert state.provenance["init_from"]["digest"] is None and "gone.pth" in state.provenance["init_from"]["error"]
+    assert read_provenance(tmp_path / "logs") == state.provenance

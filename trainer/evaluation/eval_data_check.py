@@ -25,9 +25,7 @@ def _labels(shard_dir: Path, field: str, bank_samples: int | None = None, subset
         raise ValueError(f"{field}={shard_dir}: {error}") from None
     ids = (np.arange(table.num_samples) if bank_samples is None
            else bank_subset_ids(table.num_samples, bank_samples, subset_seed))
-    if "label" in (table.rows.dtype.names or ()):
-        return np.asarray(table.rows["label"])[ids]
-    return np.array([table.read_label(int(i)) for i in ids])  # an older shard set: labels live in the tars
+    return table.labels(ids)
 
 
 def _check(labels: np.ndarray, field: str, shard_dir: Path, least: int, fix: str) -> None:

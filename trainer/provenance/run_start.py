@@ -39,7 +39,10 @@ def record_run_start(config, dims, run: str, origin: ConfigOrigin | None, resume
     if dims.rank != 0:
         return ProvenanceState(None)
     if resumed is None:
-        init_from = init_from_record(config.model.init_from)
+        try:
+            init_from = init_from_record(config.model.init_from)
+        except OSError as error:  # every rank refuses the file when it loads it, naming the fix
+            init_from = {"path": str(config.model.init_from), "digest": None, "error": str(error)}
     else:
         try:
             init_from = (read_provenance(resumed) or {}).get("init_from")
