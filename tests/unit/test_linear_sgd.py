@@ -38,7 +38,7 @@ def test_every_head_takes_the_steps_torch_sgd_takes_on_cross_entropy():
     bank = _blobs(200)
     grid = ProbeGrid(learning_rates=(0.05, 0.2), weight_decays=(1e-3,), epochs=3, batch_size=40, momentum=0.9,
                      held_out=0.1, seed=5)
-    mean, std, _ = _standardiser(bank.features, None)
+    mean, std = _standardiser(bank.features, None)
     positions = np.arange(200)
     heads = _Heads(grid, CLASSES, WIDTH, torch.device("cpu"))
     _fit(heads, bank.features, bank.labels, bank.ids.numpy(), positions, 200, mean, std, grid, None)

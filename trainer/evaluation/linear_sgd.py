@@ -82,9 +82,9 @@ def linear_probe_bytes(rows: int, features: int, classes: int, heads: int, batch
             "heads": 3 * heads * classes * (features + 1) * 4}
 
 
-def _standardiser(features: torch.Tensor, group: Group) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """``(mean, std, rows)`` of every rank's features together: one all-reduce of float64 sums and
-    squares (and the row count), accumulated block by block."""
+def _standardiser(features: torch.Tensor, group: Group) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(mean, std)`` of every rank's features together: one all-reduce of float64 sums and squares
+    (and the row count), accumulated block by block."""
     width = features.shape[1]
     sums = torch.zeros(2, width + 1, dtype=torch.float64, device=features.device)
     for start in range(0, features.shape[0], _STATISTICS_BLOCK):
@@ -93,10 +93,10 @@ def _standardiser(features: torch.Tensor, group: Group) -> tuple[torch.Tensor, t
         sums[1, :width] += block.square().sum(0, dtype=torch.float64)
     sums[0, width] = features.shape[0]
     all_reduce_(sums, dist.ReduceOp.SUM, group)
-    rows = int(sums[0, width].item())
-    mean = sums[0, :width] / max(rows, 1)
-    variance = (sums[1, :width] / max(rows, 1) - mean * mean).clamp_min(0)
-    return mean.float(), variance.sqrt().clamp_min(1e-6).float(), rows
+    rows = sums[0, width].clamp_min(1)  # stays on the device: no host read
+    mean = sums[0, :width] / rows
+    variance = (sums[1, :width] / rows - mean * mean).clamp_min(0)
+    return mean.float(), variance.sqrt().clamp_min(1e-6).float()
 
 
 def _class_count(labels: torch.Tensor, group: Group) -> int:
@@ -182,17 +182,18 @@ def _fit(heads: _Heads, features, labels, ids_host: np.ndarray, positions: np.nd
             heads.step(0.5 * (1 + math.cos(math.pi * (step - 1) / steps)), grid.momentum)
 
 
-def _correct(heads: _Heads, features, labels, positions: torch.Tensor, mean, std, top: int,
+def _correct(heads: _Heads, features, labels, positions: torch.Tensor, mean, std, tops: tuple[int, ...],
              head: int | None = None) -> torch.Tensor:
-    """Per head (or for ``head`` alone), how many of the rows at ``positions`` have their label among
-    the ``top`` best logits; a block of rows at a time."""
+    """``[heads, len(tops)]`` (one row for ``head`` alone): how many of the rows at ``positions`` have
+    their label among each ``top`` best logits, from one pass, a block of rows at a time."""
     selected = slice(None) if head is None else slice(head, head + 1)
-    correct = torch.zeros(heads.count if head is None else 1, dtype=torch.int64, device=features.device)
+    correct = torch.zeros(heads.count if head is None else 1, len(tops), dtype=torch.int64, device=features.device)
     for start in range(0, positions.numel(), _STATISTICS_BLOCK):
         rows = positions[start:start + _STATISTICS_BLOCK]
         logits = heads.logits((features[rows].float() - mean) / std)[selected]
-        best = logits.topk(min(top, heads.classes), dim=-1).indices  # [g, m, top]
-        correct += (best == labels[rows, None]).any(-1).sum(-1)
+        best = logits.topk(min(max(tops), heads.classes), dim=-1).indices  # [g, m, top], best first
+        hits = best == labels[rows, None]
+        correct += torch.stack([hits[..., :top].any(-1).sum(-1) for top in tops], dim=-1)
     return correct
 
 
@@ -202,7 +203,7 @@ def linear_probe(bank, queries, grid: ProbeGrid, group: Group, fractions=(1.0,))
     (and top-5) on the queries.  ``bank``/``queries``: this rank's ``LocalFeatures``."""
     features, labels = bank.features, bank.labels
     classes = _class_count(labels, group)
-    mean, std, _ = _standardiser(features, group)
+    mean, std = _standardiser(features, group)
     ids_host = bank.ids.cpu().numpy()
     held_out = keyed_unit(ids_host, grid.seed, _HELD_OUT_STREAM) < grid.held_out
     keep_unit = keyed_unit(ids_host, grid.seed, _FRACTION_STREAM)
@@ -218,12 +219,11 @@ def linear_probe(bank, queries, grid: ProbeGrid, group: Group, fractions=(1.0,))
         heads = _Heads(grid, classes, features.shape[1], features.device)
         positions = np.flatnonzero(~held_out & (keep_unit < fraction))
         _fit(heads, features, labels, ids_host, positions, total, mean, std, grid, group)
-        scores = all_reduce_(_correct(heads, features, labels, held_out_positions, mean, std, 1),
+        scores = all_reduce_(_correct(heads, features, labels, held_out_positions, mean, std, (1,))[:, 0].contiguous(),
                              dist.ReduceOp.SUM, group).tolist()
         best = max(range(heads.count), key=lambda h: (scores[h], -h))
-        top = 5 if classes > 5 else 1
-        on_queries = torch.cat([_correct(heads, query_features, query_labels, every_query, mean, std, k, best)
-                                for k in sorted({1, top})])
+        on_queries = _correct(heads, query_features, query_labels, every_query, mean, std,
+                              (1, 5) if classes > 5 else (1,), best)[0]
         query_correct = all_reduce_(on_queries, dist.ReduceOp.SUM, group).tolist()
         (lr, wd) = grid.heads[best]
         results[fraction] = ProbeResult(
