@@ -153,12 +153,11 @@ class PlainStep:
                 torch.cuda.synchronize(device)
             start = time.perf_counter()
             phases.begin()
-            features = []
-            for indices in layout:
-                images = model_input(torch.cat([views[i] for i in indices]), self.dtype, self.config.model)
-                with self._autocast():
-                    outputs = self.network(images)
-                features.extend(outputs.chunk(len(indices)))
+            batches = [model_input(torch.cat([views[i] for i in indices]), self.dtype, self.config.model)
+                       for indices in layout]
+            with self._autocast():  # one call for every crop size, as the trainer's engine gets them
+                outputs = self.network(batches)
+            features = [view for indices, output in zip(layout, outputs) for view in output.chunk(len(indices))]
             phases.end("forward")
             # The stand-in for the objective: no classifier, on purpose (see the module's docstring)
             loss = sum(view.float().pow(2).mean() for view in features)

@@ -39,7 +39,6 @@ from trainer.elastic.restart_cost import restart_cost
 from trainer.engine.deepspeed_host_syncs import host_reads_per_step
 from trainer.engine.deepspeed_setup import engine_dtype, initialize_backbone, load_deepspeed_config
 from trainer.engine.device_skip import nonfinite_guards
-from trainer.engine.gradient_watch import PoisonGradient
 from trainer.engine.replicated_state import OneNetwork
 from trainer.engine.resumed_settings import settings_for_this_run
 from trainer.engine.run_record import RunRecord
@@ -47,9 +46,10 @@ from trainer.engine.schedule import StepSchedules, refuse_unused_objective_setti
 from trainer.engine.step_skipping import StepSkipper
 from trainer.engine.stop_conditions import NonFiniteWatch, StopSignal
 from trainer.engine.training_eval import TrainingEvaluation
-from trainer.failpoints import armed, fail_point, wait_point
+from trainer.engine.view_forward import forward_views
+from trainer.failpoints import fail_point, wait_point
 from trainer.models.backbone import model_input
-from trainer.objectives import ObjectiveContext, StepViews, View, build_objective, objective_parameters
+from trainer.objectives import ObjectiveContext, StepViews, build_objective, objective_parameters
 from trainer.observability.logs import JsonlLog
 from trainer.observability.metrics import TrainingMetrics
 from trainer.observability.progress import epoch_bar
@@ -325,21 +325,6 @@ class Trainer:
             self.evaluate(final=False)
         return "finished"
 
-    def _forward_views(self, batch) -> list[View]:
-        """Head features of every view; views of one size share a forward pass (multi-crop)."""
-        features: list[torch.Tensor | None] = [None] * self.views.num_views
-        for indices in self.views.forward_groups():
-            images = torch.cat([batch.views[i] for i in indices])
-            outputs = self.engine(model_input(images, self.dtype, self.config.model))
-            if armed("train.nan_features", self.state.global_step + 1):  # the drills' bad batch
-                outputs = outputs * float("nan")
-            if armed("train.inf_gradient", self.state.global_step + 1):  # a finite loss, an infinite gradient
-                outputs = PoisonGradient.apply(outputs)
-            for index, output in zip(indices, outputs.chunk(len(indices))):
-                features[index] = output
-        self.phases.end("forward")
-        return [View(features=f, kind=kind, index=i) for i, (f, kind) in enumerate(zip(features, self.views.kinds))]
-
     def _step(self, batch, validate: bool) -> tuple[torch.Tensor, bool | None]:
         """One step; returns its loss and, under ``skip_step``, the SIGTERM agreement it already
         reached (None: not reached yet)."""
@@ -347,7 +332,10 @@ class Trainer:
         optimizers = self.objective.optimizers()
         blocking_skip = self.skip_nonfinite and self.device_skip is None
         buffers = self.skipper.before_forward() if self.skip_nonfinite else None  # either path puts them back
-        step = StepViews(views=self._forward_views(batch), instance_ids=batch.instance_ids, valid=batch.valid,
+        views = forward_views(self.engine, batch.views, self.views, self.dtype, self.config.model,
+                              self.state.global_step + 1)
+        self.phases.end("forward")
+        step = StepViews(views=views, instance_ids=batch.instance_ids, valid=batch.valid,
                          global_valid=batch.global_valid, epoch=self.state.epoch, step=self.state.global_step,
                          validate=validate, plan=batch.plan, next_plan=batch.next_plan)
         out = self.objective.loss(step)

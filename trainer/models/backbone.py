@@ -121,7 +121,13 @@ class ModelConfig:
 
 class InstanceModel(nn.Module):
     """``forward(images) -> head features [b, D]``; ``backbone_features(images) -> [b, F]`` is the
-    representation that kNN and linear evaluation use."""
+    representation that kNN and linear evaluation use.
+
+    ``forward`` also takes a list of batches (multi-crop's crop sizes, one batch per size) and returns
+    their features in a list, looping inside: a step is then one top-level call of the engine's
+    forward, as SwAV's multi-crop wrapper makes it.  ZeRO-3 needs that: DeepSpeed resets its
+    parameter trace at every top-level forward, so two calls a step never complete the trace and
+    nothing is prefetched (``deepspeed/runtime/zero/parameter_offload.py``)."""
 
     def __init__(self, backbone: nn.Module, backbone_dim: int, config: ModelConfig) -> None:
         super().__init__()
@@ -142,7 +148,9 @@ class InstanceModel(nn.Module):
     def backbone_features(self, images: torch.Tensor) -> torch.Tensor:
         return self.backbone(self.input_norm(images))
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
+    def forward(self, images: torch.Tensor | list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
+        if isinstance(images, (list, tuple)):
+            return [self.head(self.backbone_features(batch)) for batch in images]
         return self.head(self.backbone_features(images))
 
 
