@@ -46,7 +46,7 @@ torch.version.cuda, 'triton', triton.__version__, torch.cuda.get_device_name(0))
 export -f env_facts
 export PY OUT
 # Highest value first (docs/gpu-results.md keeps the ranked list and what each lending measured).
-ITEMS=${*:-env step sweep selftest pytest step-compiled classifier dry-run classifier-1m}
+ITEMS=${*:-env step syncbn sweep selftest pytest step-compiled classifier dry-run classifier-1m}
 # The autotuner's timing runs allocate: memory comparisons (dry run, tests) take each kernel's first config.
 for what in $ITEMS; do
     case $what in
@@ -74,6 +74,8 @@ for what in $ITEMS; do
         --fake-devices 32 --on-device ;;
     classifier-1m) item 150 "bench classifier N=1000000" $CLI bench classifier --ranks 1 --num-classes 1000000 \
         --batch $FEATURES --dim 128 --dtype bfloat16 --steps 10 --warmup 2 --json "$OUT/classifier-1m.json" ;;
+    syncbn) item 120 "SyncBatchNorm's fused kernels: pseudo-ranks vs float64, cost at ResNet-50's shapes" \
+        $PY -m trainer.bench.sync_batch_norm_check --batch 64 --json "$OUT/sync-batch-norm.json" ;;
     pytest) item 300 "make test-gpu-offline" env INSTCLS_FUSED_AUTOTUNE=0 make test-gpu-offline PYTHON="$PY" ;;
     *) echo "unknown item $what" | tee -a "$LOG" ;;
     esac

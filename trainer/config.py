@@ -56,11 +56,17 @@ class ParallelSection:
         a fixed cuBLAS workspace, no cuDNN autotuning), so that a resumed run is bit-identical to
         an uninterrupted one on GPU hosts too (CPU kernels already are).  Slower on CUDA, and an op
         without a deterministic kernel raises instead of running; off by default.
+    collectives_over_one_rank: in a job of one rank, run the code that several ranks run, over a
+        group of one: SyncBatchNorm's synchronised path (its all-gather, all-reduce and, on a GPU,
+        torch's fused kernels) and the device skip's all-reduce.  For checking those paths on one
+        GPU (``tests/integration/test_gpu_step_host_syncs.py``); off by default, and no effect on
+        a job of several ranks, which runs them anyway.
     """
 
     classifier_parallel_size: int | None = None
     device: str = "auto"
     deterministic: bool = False
+    collectives_over_one_rank: bool = False
 
     def __post_init__(self) -> None:
         if self.device not in DEVICE_CHOICES:
@@ -71,6 +77,9 @@ class ParallelSection:
                               "positive divisor of the world size, or leave it out (all ranks)")
         if not isinstance(self.deterministic, bool):
             raise ConfigError(f"parallel.deterministic={self.deterministic!r} is invalid: use true or false")
+        if not isinstance(self.collectives_over_one_rank, bool):
+            raise ConfigError(f"parallel.collectives_over_one_rank={self.collectives_over_one_rank!r} is invalid: use "
+                              "true or false")
 
 
 @dataclass(frozen=True)

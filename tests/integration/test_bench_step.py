@@ -2,6 +2,7 @@
 for the step's time, next to the loader measured alone; with ``--baseline``, next to the job's
 network in a plain PyTorch loop."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -40,14 +41,20 @@ def test_the_step_bench_breaks_the_step_into_phases_that_add_up_to_it():
         assert row.endswith(f"{rank['loader_headroom']:.2f}x"), row
 
 
-def test_the_baseline_runs_the_jobs_network_plainly_beside_the_jobs_step():
-    """Both runs on the same ranks and synthetic batch: the job's images/s over the baseline's, and
-    per phase the ops each dispatches.  The same network on the same views dispatches the same
-    forward ops; the baseline's optimizer steps on torch's foreach kernels."""
-    settings = StepBenchSettings(config=REPO / "configs" / "demo_cpu.yaml", ranks=2, steps=2, warmup=1,
+def test_the_baseline_runs_the_jobs_network_plainly_beside_the_jobs_step(tmp_path):
+    """Both runs on the same ranks and synthetic batch: the job's images/s over the baseline's, per
+    phase the ops each dispatches, and the training thread's waits for the device.  The same network
+    on the same views dispatches the same forward ops; the baseline's optimizer steps on torch's
+    foreach kernels.  The job runs with DeepSpeed's throughput timer turned back on, so its two
+    waits a step (from step 3) show, named, where the baseline has none: on CPU ranks too."""
+    timer_on = tmp_path / "zero0_timer.json"
+    timer_on.write_text(json.dumps({**json.loads((REPO / "ds_configs" / "zero0.json").read_text()),
+                                    "timers": {"throughput": {"enabled": True}}}))
+    settings = StepBenchSettings(config=REPO / "configs" / "demo_cpu.yaml", ranks=2, steps=2, warmup=2,
                                  image_size=32, baseline=True)
     # no contrastive prior: a start-up pass over the shards that no step runs
-    result = run(settings, ["data.loader.batch_size=16", "objective.contrastive_prior=false"])
+    result = run(settings, ["data.loader.batch_size=16", "objective.contrastive_prior=false",
+                            f"deepspeed_config={timer_on}"])
     assert [r["rank"] for r in result["ranks"]] == [0, 1]
     for rank in result["ranks"]:
         job, baseline = rank, rank["baseline"]
@@ -62,8 +69,12 @@ def test_the_baseline_runs_the_jobs_network_plainly_beside_the_jobs_step():
         assert baseline["precision"] == "fp32"  # ds_configs/zero0.json
         assert baseline["kernel_ops"]["optimizer"].keys() <= {"aten._foreach_add_.List", "aten._foreach_add.List",
                                                               "aten._foreach_mul_.Scalar"}
+        assert job["host_syncs_per_step"] == 2 and sum(job["host_syncs"].values()) == 2, job["host_syncs"]
+        assert all("deepspeed/utils/timer.py" in site for site in job["host_sync_sites_per_step"]), job
+        assert sum(baseline["host_syncs"].values()) == 0, baseline["host_syncs"]
     text = format_report(result)
     first = result["ranks"][0]
+    assert "rank 0: 2.0, rank 1: 2.0" in text
     assert f"rank 0 {first['job_over_baseline']:.2f}x" in text
     (row,) = [line for line in text.splitlines() if line.split()[:3] == ["0", "baseline",
                                                                         f"{first['baseline']['images_per_s']:.1f}"]]

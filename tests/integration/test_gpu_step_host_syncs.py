@@ -6,7 +6,9 @@ training thread only (``device_sync_sites``).  DeepSpeed's per-step reads and it
 are off in those configs (``trainer.engine.deepspeed_host_syncs``), BatchNorm synchronises without a
 host read (``trainer.parallel.sync_batch_norm``), and the non-finite checks are flags on the device
 read on log steps only.  The loader is DALI where it is installed, else the torch fallback (a lent GPU
-machine has no DALI): the test prints which.  On CPU ranks the DeepSpeed part is held by
+machine has no DALI): the test prints which.  On one GPU the multi-rank branches run over a group of
+one (``parallel.collectives_over_one_rank``): SyncBatchNorm's synchronised path and the device skip's
+all-reduce.  On CPU ranks the DeepSpeed part is held by
 ``tests/integration/test_deepspeed_device_waits.py`` and ``test_deepspeed_host_syncs.py``."""
 
 import importlib.util
@@ -27,6 +29,9 @@ def test_a_step_of_each_shipped_resnet50_config_syncs_nothing_outside_log_steps(
     print(f"loader backend: {BACKEND}")
     settings = StepBenchSettings(config=REPO / "configs" / f"{job}.yaml", ranks=1, steps=4, warmup=2)
     result = run(settings, ["data.loader.batch_size=32", "logging.log_every=1000",  # no log step is measured
-                            f"data.loader.backend={BACKEND}"])
+                            f"data.loader.backend={BACKEND}",
+                            # one GPU runs what several ranks run: SyncBatchNorm's synchronised path
+                            # (its fused kernels), the device skip's all-reduce
+                            "parallel.collectives_over_one_rank=true"])
     (rank,) = result["ranks"]
     assert rank["host_syncs_per_step"] == 0, rank["host_sync_sites_per_step"]

@@ -1,7 +1,9 @@
 """``model.batch_norm: sync`` on gloo CPU ranks with unequal per-rank batches (one rank empty on 3
 ranks): forward output, running statistics and the gradients of input, weight and bias equal a
 plain float64 BatchNorm over the concatenated batch in one process; the running statistics are
-bit-identical on every rank; nothing in the forward or backward waits on a value."""
+bit-identical on every rank; nothing in the forward or backward waits on a value.  Within nodes
+(``model.sync_batch_norm_group: node``, 4 ranks as 2 nodes of 2) the same holds per node: each
+node's statistics are its own batch's, and the two nodes' differ."""
 
 import copy
 
@@ -13,6 +15,7 @@ from torch import nn
 from tests.helpers.data_dependent_ops import DataDependentOps
 from tests.helpers.training import FAST, latest_checkpoint, replica_checks, run_train
 from trainer.parallel import init_distributed
+from trainer.parallel.batch_norm import apply_batch_norm_mode, batch_norm_group, statistics_differ_by_rank
 from trainer.parallel.launch import spawn_local_workers
 from trainer.parallel.sync_batch_norm import SyncBatchNorm, convert_to_sync_batch_norm
 
@@ -116,6 +119,71 @@ def _check_every_case(sizes: list[int]) -> None:
                          ids=["2 ranks", "3 ranks, one empty"])
 def test_sync_batch_norm_equals_batch_norm_over_the_concatenated_batch(sizes):
     spawn_local_workers(_check_every_case, len(sizes), sizes)
+
+
+NODE_SIZES = [3, 5, 4, 0]  # rows per rank; ranks 0-1 are node 0, ranks 2-3 node 1 (one rank empty)
+
+
+def _check_node_groups() -> None:
+    dims = init_distributed()
+    rank, node = dist.get_rank(), dist.get_rank() // 2
+    group = batch_norm_group("sync", "node", dims)
+    assert dist.get_world_size(group) == 2 and statistics_differ_by_rank("sync", group, dims)
+    assert not statistics_differ_by_rank("sync", batch_norm_group("sync", "world", dims), dims)
+    torch.manual_seed(0)  # the same layer and batches on every rank
+    reference = _layer("2d", 0.1)
+    layer = apply_batch_norm_mode(nn.Sequential(copy.deepcopy(reference)), "sync", group)[0]
+    full = torch.cat([_batch("2d", rows) + 10 * (r // 2) for r, rows in enumerate(NODE_SIZES)])  # nodes apart
+    output_weights = torch.randn_like(full)
+    starts = [sum(NODE_SIZES[:r]) for r in range(len(NODE_SIZES) + 1)]
+    node_rows = slice(starts[2 * node], starts[2 * node + 2])  # this node's batch, the reference's input
+    whole = full[node_rows].clone().requires_grad_()
+    expected = reference(whole)
+    (expected * output_weights[node_rows]).sum().backward()
+    mine = full[starts[rank]:starts[rank + 1]].clone().requires_grad_()
+    out = layer(mine)
+    (out * output_weights[starts[rank]:starts[rank + 1]]).sum().backward()
+    offset = starts[rank] - starts[2 * node]
+    torch.testing.assert_close(out, expected[offset:offset + NODE_SIZES[rank]], **TIGHT)
+    torch.testing.assert_close(mine.grad, whole.grad[offset:offset + NODE_SIZES[rank]], **TIGHT)
+    torch.testing.assert_close(layer.running_mean, reference.running_mean, **TIGHT)  # the node's own batch
+    torch.testing.assert_close(layer.running_var, reference.running_var, **TIGHT)
+    every_rank = [torch.empty_like(layer.running_mean) for _ in NODE_SIZES]
+    dist.all_gather(every_rank, layer.running_mean)
+    assert torch.equal(every_rank[0], every_rank[1]) and torch.equal(every_rank[2], every_rank[3])
+    assert not torch.allclose(every_rank[0], every_rank[2])  # the nodes' statistics differ
+
+
+def test_sync_batch_norm_within_nodes_uses_each_node_s_batch():
+    spawn_local_workers(_check_node_groups, len(NODE_SIZES), ranks_per_node=2)
+
+
+def _check_one_rank_synchronised() -> None:
+    import trainer.parallel.sync_batch_norm as sync_module
+
+    init_distributed()
+    gathers = []
+    original = sync_module.gather_rows
+    sync_module.gather_rows = lambda rows, group: gathers.append(rows.shape) or original(rows, group)
+    try:
+        torch.manual_seed(0)
+        reference = _layer("2d", 0.1)
+        alone = apply_batch_norm_mode(nn.Sequential(copy.deepcopy(reference)), "sync", None, synchronize_alone=True)
+        plain = apply_batch_norm_mode(nn.Sequential(copy.deepcopy(reference)), "sync", None)
+        x = _batch("2d", 6)
+        expected = reference(x)
+        assert gathers == []
+        torch.testing.assert_close(plain(x), expected, **TIGHT)
+        assert gathers == []  # a group of one: plain BatchNorm
+        torch.testing.assert_close(alone(x), expected, **TIGHT)
+        assert gathers == [(1, 2 * CHANNELS + 1)]  # the synchronised path, over the group of one
+    finally:
+        sync_module.gather_rows = original
+
+
+def test_one_rank_runs_the_synchronised_path_when_asked_and_plain_batch_norm_otherwise():
+    """``parallel.collectives_over_one_rank``: a one-GPU check runs the code several ranks run."""
+    spawn_local_workers(_check_one_rank_synchronised, 1)
 
 
 @pytest.mark.slow  # a training run (about a minute); the layer's maths are checked above in seconds

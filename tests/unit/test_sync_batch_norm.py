@@ -15,6 +15,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from tests.helpers.data_dependent_ops import DataDependentOps
+from trainer.bench.sync_batch_norm_check import pseudo_ranks
 from trainer.dry_run.backward import backward
 from trainer.dry_run.collectives import CollectiveRecorder
 from trainer.dry_run.host_syncs import HostSyncRecorder
@@ -114,3 +115,11 @@ def test_conversion_keeps_tensors_and_names_and_refuses_a_forward_that_does_more
     assert model.state_dict().keys() == keys and [t.data_ptr() for t in model.state_dict().values()] == tensors
     with pytest.raises(ValueError, match=r"cannot convert 1 \(_BatchNormThenReLU\).*model.batch_norm=local"):
         convert_to_sync_batch_norm(nn.Sequential(nn.Conv2d(3, 4, 3), _BatchNormThenReLU(4)))
+
+
+def test_the_pseudo_rank_check_finds_the_pieces_exact_on_cpu():
+    """The GPU check's first part (``trainer.bench.sync_batch_norm_check``), on the CPU's tensor path:
+    k pseudo-ranks, one empty, against float64 BatchNorm over the whole batch."""
+    errors = pseudo_ranks(torch.device("cpu"))
+    assert set(errors) == {"output", "grad_input", "grad_weight", "grad_bias", "running_mean", "running_var"}
+    assert max(errors.values()) < 1e-5, errors

@@ -79,7 +79,7 @@ def test_a_network_without_batch_norm_passes_through_the_batch_norm_machinery(tm
     state = BatchNormState(model)
     assert state.snapshot(tmp_path, dims, 1) == []
     records = []
-    one_network = OneNetwork(model, {"batch_norm": state}, "local", dims, True,
+    one_network = OneNetwork(model, {"batch_norm": state}, True, dims, True,
                              SimpleNamespace(write=lambda **record: records.append(record)), print)
     one_network.agree(1, "save")
     assert one_network.statistics() == {}

@@ -46,7 +46,7 @@ from trainer.models.backbone import model_input
 from trainer.observability.step_phases import StepPhases
 from trainer.optim import build_optimizer
 from trainer.parallel import ParallelDims
-from trainer.parallel.batch_norm import apply_batch_norm_mode
+from trainer.parallel.batch_norm import apply_batch_norm_mode, batch_norm_group
 
 BASELINE_PHASES = ("forward", "objective", "backward", "optimizer")  # objective: the stand-in loss
 
@@ -101,7 +101,9 @@ class PlainStep:
         self.dtype = torch.float32 if self.precision == "fp32" else torch.bfloat16  # the batch's, engine_dtype's
         reseed(config.seed, 0, 0)  # the trainer's initial network
         model = build_model(config.model)
-        model = apply_batch_norm_mode(model, config.model.batch_norm, dims.data_parallel_group).to(device)
+        group = batch_norm_group(config.model.batch_norm, config.model.sync_batch_norm_group, dims)
+        model = apply_batch_norm_mode(model, config.model.batch_norm, group,
+                                      config.parallel.collectives_over_one_rank).to(device)
         lr = scaled_lr(config.optim.base_lr, config.optim.base_batch, config.data.loader.batch_size * dims.world_size)
         stepped = model
         self.masters: list[torch.Tensor] = []

@@ -6,8 +6,11 @@ per rank: images/s, and where a step's time goes (``trainer.observability.step_p
 loader's wait, forward, objective, backward, optimizer, checkpoint; on GPUs from CUDA events, so
 measuring does not sync the device).  Per phase it also counts, in one step after the measured
 ones, the ops dispatched (``op_counting``: the CPU-measurable stand-in for launch overhead) and, on
-CUDA, in one more step the kernels launched (``cuda_kernels``); on a GPU, the host syncs of the
-measured steps (CUDA's sync debug mode).
+CUDA, in one more step the kernels launched (``cuda_kernels``); and, for the job and its baseline
+alike, the training thread's waits for the device in the measured steps by phase, with their source
+lines: every synchronising call (``DeviceWaitCounter``; on CPU ranks DeepSpeed's accelerator still
+makes its calls, so a wait the GPU would pay shows here too), plus on a GPU what CUDA's sync-debug
+mode reports (value reads, host copies).
 
 ``data``: ``synthetic`` (default) hands the trainer one random batch made once on the device at
 every step (``step_feed``), so the loader hides nothing of the step; ``loader`` feeds it through
@@ -139,10 +142,14 @@ def _bench_rank(config_path: Path, overrides: list[str], settings: StepBenchSett
 
 @contextmanager
 def _syncs_recorded(device: torch.device):
-    """On GPUs every synchronizing CUDA call of the training thread, recorded with its source line: those
-    CUDA's sync-debug mode reports and the waits it does not (``DeviceWaitCounter``); nothing elsewhere."""
+    """Every wait of the training thread for the device, recorded with its source line: the synchronising
+    calls (``DeviceWaitCounter``: ``torch.cuda.synchronize``, stream and event waits, DeepSpeed's
+    accelerator's, which its CPU accelerator makes too) on any device, and on GPUs also what CUDA's
+    sync-debug mode reports (value reads, host copies)."""
     if device.type != "cuda":
-        yield None
+        sites: list[str] = []
+        with DeviceWaitCounter(sink=sites, thread=threading.get_ident()):
+            yield sites
         return
     with device_sync_sites() as sites, DeviceWaitCounter(sink=sites, thread=threading.get_ident()):
         yield sites
@@ -166,12 +173,11 @@ def _job_run(config, dims, settings: StepBenchSettings, views: list[torch.Tensor
         else:
             trainer.train_loader = StepFeed(loader.epoch_batches, loader.steps_per_epoch, instruments)
         trainer.phases = InstrumentedPhases(trainer.phases, instruments)
-        if sites is not None:
-            trainer.record.host_syncs_so_far = lambda: len(sites)
+        trainer.record.host_syncs_so_far = lambda: len(sites)
         trainer.train()
     run = dict(counts=instruments.summary(settings.measured))
-    if sites is not None:
-        run["sync_sites"] = sites
+    run["sync_sites"] = sites
+    if dims.device.type == "cuda":
         torch.cuda.synchronize(dims.device)
         trainer.record.phases_done(trainer.phases.completed())  # the last steps' events
     run.update(steps=trainer.record.step_history, phases=trainer.record.phase_history)
@@ -268,6 +274,10 @@ def _count_table(title: str, runs: list[tuple[str, dict | None]]) -> list[str]:
     return lines
 
 
+SYNCS_COUNTED = {False: "waits for the device: synchronize calls, DeepSpeed's accelerator's included",
+                 True: "waits for the device and CUDA's sync-debug reports: value reads, host copies"}
+
+
 def format_report(result: dict) -> str:
     """A row per rank and run (the job's, the baseline's): images/s, the phases in seconds per step and
     as shares of the step; the job's images/s over the baseline's; rank 0's counts per phase."""
@@ -303,10 +313,11 @@ def format_report(result: dict) -> str:
         lines += _count_table("CUDA kernels launched in one step, rank 0 (torch.profiler):",
                               [(label, run and run.get("cuda_kernels")) for label, run in runs])
     if "host_syncs" in first:
-        lines += _count_table("host syncs per measured step by phase, rank 0 (CUDA sync debug mode):",
+        counted = SYNCS_COUNTED[first["device"].startswith("cuda")]
+        lines += _count_table(f"host syncs per measured step by phase, rank 0 ({counted}):",
                               [(label, run and run.get("host_syncs")) for label, run in runs])
     if "host_syncs_per_step" in first:
-        lines.append("host syncs per measured step (CUDA sync debug mode): " + ", ".join(
+        lines.append("job's host syncs per measured step: " + ", ".join(
             f"rank {r['rank']}: {r['host_syncs_per_step']:.1f}" for r in ranks))
         sites = first["host_sync_sites_per_step"]  # rank 0's
         lines += [f"  {per_step:.1f} per step at {site}" for site, per_step in sites.items()]

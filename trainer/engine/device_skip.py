@@ -126,13 +126,18 @@ class DeviceStepSkipper:
 
 
 def nonfinite_guards(engine, backbone_optimizer, objective, skip_nonfinite: bool, max_skipped_in_a_row: int, dims,
-                     metrics, log, say) -> tuple[DeviceStepSkipper | None, GradientWatch | None]:
+                     metrics, log, say, one_rank_collectives: bool = False
+                     ) -> tuple[DeviceStepSkipper | None, GradientWatch | None]:
     """``(device_skip, gradient_watch)``, one of them set: ``skip_step`` decided on the device where the
     gradients are whole on every rank before the step and the objective allows it (ZeRO stage 0);
     else the watch of the gradients DeepSpeed hands the optimizer it wraps, whatever the ZeRO stage
-    (the device skip checks the same gradients itself, before the step)."""
+    (the device skip checks the same gradients itself, before the step).  ``one_rank_collectives``:
+    the device skip agrees over the default group in a one-rank job too (a one-GPU check)."""
     stepped_by_deepspeed = getattr(backbone_optimizer, "optimizer", backbone_optimizer)  # unwrapped
     if skip_nonfinite and objective.skips_on_device and engine.zero_optimization_stage() == 0:
-        return DeviceStepSkipper(engine.module, stepped_by_deepspeed, objective, dims.data_parallel_group, dims.device,
+        group = dims.data_parallel_group
+        if group is None and one_rank_collectives and dist.is_initialized():
+            group = dist.group.WORLD
+        return DeviceStepSkipper(engine.module, stepped_by_deepspeed, objective, group, dims.device,
                                  max_skipped_in_a_row, metrics, log, say), None
     return None, GradientWatch(stepped_by_deepspeed, dims.device)

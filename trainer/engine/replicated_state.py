@@ -6,9 +6,9 @@ rank updates on its own and that silently drifts apart therefore makes the saved
 the one that ran.  What counts as replicated:
 
 - the network: every parameter (below ZeRO-3, where each rank holds them whole) and every buffer,
-  except, under ``model.batch_norm: local``, each rank's own BatchNorm running statistics, whose
-  average over the ranks (what is saved and scored, ``trainer.parallel.batch_norm``) is checked
-  instead;
+  except, under ``model.batch_norm: local`` (or ``sync`` within nodes), each rank's own BatchNorm
+  running statistics, whose average over the ranks (what is saved and scored,
+  ``trainer.parallel.batch_norm``) is checked instead;
 - every checkpoint component's plain state (the trainer's position, the sampler, the objective's
   counters, prototypes and recent-id queues) — everything except the rows wrapped in
   ``ShardedRows`` (each rank's own classifier rows, queue slices, hard-negative tables), the
@@ -91,22 +91,23 @@ def diverged_entries(digests: dict[str, str], group: dist.ProcessGroup | None) -
 
 
 class OneNetwork:
-    """Before every save and evaluation (``agree``, collective, once per step): under
-    ``model.batch_norm: local`` the ranks' BatchNorm running statistics are averaged into the one
+    """Before every save and evaluation (``agree``, collective, once per step): where the ranks'
+    BatchNorm running statistics differ (``averaged``: ``model.batch_norm: local``, or ``sync`` within
+    nodes) they are averaged into the one
     network that is saved and scored (``statistics()``: what ``model.pt`` and the evaluation use in
     place of each rank's own); then everything each rank should hold alike is compared across ranks
     and the check is logged (``event: replicated``), any difference named in a warning."""
 
-    def __init__(self, module: nn.Module, components: Mapping[str, object], batch_norm: str, dims: ParallelDims,
+    def __init__(self, module: nn.Module, components: Mapping[str, object], averaged: bool, dims: ParallelDims,
                  parameters_whole: bool, log, say: Callable[[str], None]) -> None:
         self.module, self.components, self.dims = module, components, dims
-        self.local = batch_norm == "local"
+        self.local = averaged  # the ranks' statistics differ (``statistics_differ_by_rank``)
         self.parameters_whole, self.log, self.say = parameters_whole, log, say
         self.step: int | None = None
         self._statistics: dict[str, torch.Tensor] | None = None
 
     def statistics(self) -> dict[str, torch.Tensor] | None:
-        """The averaged statistics of the step last agreed on (None under ``sync``: the module's own agree)."""
+        """The averaged statistics of the step last agreed on (None where every rank's own agree)."""
         return self._statistics
 
     def agree(self, step: int, moment: str) -> None:

@@ -57,7 +57,7 @@ from trainer.observability.step_phases import StepPhases
 from trainer.observability.tensorboard_scalars import open_tensorboard_scalars
 from trainer.observability.what_runs import what_runs
 from trainer.parallel import ParallelDims
-from trainer.parallel.batch_norm import apply_batch_norm_mode
+from trainer.parallel.batch_norm import apply_batch_norm_mode, batch_norm_group, statistics_differ_by_rank
 from trainer.parallel.rank0_work import run_on_rank0
 from trainer.provenance.run_start import ConfigOrigin, record_run_start
 
@@ -126,7 +126,9 @@ class Trainer:
         # Scored next to the trained network: does training beat the architecture alone?
         baseline = "init_from" if config.model.init_from is not None and resumed is None else "random_init"
         self.evaluation = TrainingEvaluation.of_job(config, dims, model, self.log, self.metrics, self._say, baseline)
-        model = apply_batch_norm_mode(model, config.model.batch_norm, dims.data_parallel_group)
+        one_rank_collectives = config.parallel.collectives_over_one_rank
+        batch_norm = batch_norm_group(config.model.batch_norm, config.model.sync_batch_norm_group, dims)
+        model = apply_batch_norm_mode(model, config.model.batch_norm, batch_norm, one_rank_collectives)
         if config.model.compile:
             model.compile()  # in place: DeepSpeed's engine and the checkpoints see the same module and names
         ds_config = load_deepspeed_config(config.deepspeed_config, loader_config.batch_size,
@@ -161,7 +163,8 @@ class Trainer:
             "provenance": self.provenance,  # run.json: what made the weights beside it
             "rng": RngState(config.seed, self.state),
         }
-        self.one_network = OneNetwork(self.engine.module, self.checkpoint_state, config.model.batch_norm, dims,
+        averaged = statistics_differ_by_rank(config.model.batch_norm, batch_norm, dims)
+        self.one_network = OneNetwork(self.engine.module, self.checkpoint_state, averaged, dims,
                                       self.engine.zero_optimization_stage() < 3, self.log, self._say)
         self.metrics.world_size.set(dims.world_size)
         if resumed is not None:
@@ -179,7 +182,7 @@ class Trainer:
         # skip_step on the device (no host read per step) where it can be, else the blocking agreement above
         self.device_skip, self.gradient_watch = nonfinite_guards(
             self.engine, self.backbone_optimizer, self.objective, self.skip_nonfinite,
-            config.optim.max_skipped_in_a_row, dims, self.metrics, self.log, self._say)
+            config.optim.max_skipped_in_a_row, dims, self.metrics, self.log, self._say, one_rank_collectives)
 
     # -- helpers ---------------------------------------------------------------------------
 

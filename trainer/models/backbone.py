@@ -14,7 +14,7 @@ from torch import nn
 from trainer.models.activation_checkpointing import checkpoint_units
 from trainer.models.backbones import check_settings, get_backbone
 from trainer.models.batch_norm_precision import accept_low_precision_parameters
-from trainer.parallel.batch_norm import BATCH_NORM_MODES
+from trainer.parallel.batch_norm import BATCH_NORM_MODES, SYNC_GROUPS
 
 HEADS = ("mlp", "linear")
 INPUT_NORMS = ("none", "per_image")
@@ -81,6 +81,11 @@ class ModelConfig:
         network) or "sync" (the global batch's statistics, SwAV's choice: ``SyncBatchNorm`` of
         ``trainer.parallel.sync_batch_norm``, on any device, no host read).  See
         ``trainer.parallel.batch_norm``.
+    sync_batch_norm_group: with ``batch_norm: sync``, the ranks whose batches make the statistics:
+        "world" (every data-parallel rank) or "node" (the ranks of one node, as SwAV's code
+        synchronises groups of 8 GPUs: one small all-gather per layer within the node's fast links
+        instead of across the cluster).  Under "node" the nodes' running statistics differ; they
+        are averaged over every rank before each evaluation and save, as under ``local``.
     """
 
     arch: str = "resnet50"
@@ -93,6 +98,7 @@ class ModelConfig:
     head_hidden_dim: int = 2048
     feature_dim: int = 128
     batch_norm: str = "local"
+    sync_batch_norm_group: str = "world"
     channels_last: bool = False
     compile: bool = False
     activation_checkpointing: bool = False
@@ -117,6 +123,13 @@ class ModelConfig:
         if self.batch_norm not in BATCH_NORM_MODES:
             raise ValueError(f"batch_norm={self.batch_norm!r} is invalid: use local (per-rank statistics, averaged "
                              "before every evaluation and save) or sync (statistics of the global batch)")
+        if self.sync_batch_norm_group not in SYNC_GROUPS:
+            raise ValueError(f"sync_batch_norm_group={self.sync_batch_norm_group!r} is invalid: use world (every "
+                             "rank's batch) or node (the batches of one node's ranks)")
+        if self.sync_batch_norm_group != "world" and self.batch_norm != "sync":
+            raise ValueError(f"sync_batch_norm_group={self.sync_batch_norm_group} applies to batch_norm: sync only; "
+                             f"this config has batch_norm: {self.batch_norm}. Set model.batch_norm=sync, or remove "
+                             "model.sync_batch_norm_group")
 
 
 class InstanceModel(nn.Module):

@@ -11,8 +11,11 @@
   so the network saved at step N does not depend on when earlier saves happened, and a resumed run
   is bit-identical to an uninterrupted one.
 - ``sync`` (SwAV's choice): every BatchNorm layer becomes ``trainer.parallel.sync_batch_norm``'s
-  ``SyncBatchNorm`` over the data-parallel group; the batch statistics of a step are the global
-  batch's, so the running statistics agree by construction.  It runs on any device and backend
+  ``SyncBatchNorm`` over a group of ranks (``model.sync_batch_norm_group``): ``world``, the
+  data-parallel group, so the batch statistics of a step are the global batch's and the running
+  statistics agree by construction; or ``node``, the ranks of one node (SwAV's code synchronises
+  groups of 8 GPUs), whose running statistics agree within the node and are averaged over the
+  nodes before each evaluation and save, as under ``local``.  It runs on any device and backend
   (gloo CPU ranks included) and reads nothing on the host, unlike ``torch.nn.SyncBatchNorm``.
 """
 
@@ -24,22 +27,42 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from trainer.parallel.collectives import Group, group_size
+from trainer.parallel.node_groups import node_group
 from trainer.parallel.sync_batch_norm import convert_to_sync_batch_norm
 
 BATCH_NORM_MODES = ("local", "sync")
+SYNC_GROUPS = ("world", "node")
 
 
-def apply_batch_norm_mode(model: nn.Module, mode: str, group: Group) -> nn.Module:
+def batch_norm_group(mode: str, sync_group: str, dims) -> Group:
+    """Collective under ``sync`` with ``node`` (the node groups are created): the group whose ranks
+    share statistics; ``dims``: the job's ``ParallelDims``.  None where each rank keeps its own
+    (``local``) or in a one-process run."""
+    if mode != "sync":
+        return None
+    if sync_group == "node":
+        return node_group(dims.world_size, dims.rank, "model.sync_batch_norm_group=node")
+    return dims.data_parallel_group
+
+
+def statistics_differ_by_rank(mode: str, group: Group, dims) -> bool:
+    """Whether the ranks' running statistics differ (and are averaged before each evaluation and
+    save): under ``local``, and under ``sync`` over a group smaller than the job."""
+    return mode == "local" or (dims.is_distributed and group_size(group) < dims.world_size)
+
+
+def apply_batch_norm_mode(model: nn.Module, mode: str, group: Group, synchronize_alone: bool = False) -> nn.Module:
     """``model`` with its BatchNorm layers as ``mode`` asks (``sync``: converted in place, the
-    state dict's keys unchanged, so checkpoints load in either mode).  ``group``: the data-parallel
-    group, None in a one-process run (the layers are then plain BatchNorm); ``sync`` runs on any
-    device."""
+    state dict's keys unchanged, so checkpoints load in either mode).  ``group``: the ranks that
+    share statistics (``batch_norm_group``), None in a one-process run (the layers are then plain
+    BatchNorm, unless ``synchronize_alone``: a one-GPU check of the multi-rank path); ``sync`` runs on
+    any device."""
     if mode not in BATCH_NORM_MODES:
         raise ValueError(f"model.batch_norm={mode!r} is invalid: use local (per-rank statistics, averaged before "
                          "every evaluation and save) or sync (statistics of the global batch)")
     if mode == "local":
         return model
-    return convert_to_sync_batch_norm(model, process_group=group)
+    return convert_to_sync_batch_norm(model, process_group=group, synchronize_alone=synchronize_alone)
 
 
 def running_statistics(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -181,12 +181,15 @@ def cpu_threads_per_rank(world_size: int) -> int:
     return max(1, usable_cores() // world_size)
 
 
-def _worker(local_rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple) -> None:
-    os.environ.update(
-        RANK=str(local_rank),
-        LOCAL_RANK=str(local_rank),
+def _worker(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple,
+            ranks_per_node: int | None = None) -> None:
+    per_node = ranks_per_node or world_size
+    os.environ.update(  # torchrun's numbering: node by node
+        RANK=str(rank),
+        LOCAL_RANK=str(rank % per_node),
         WORLD_SIZE=str(world_size),
-        LOCAL_WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(per_node),
+        GROUP_RANK=str(rank // per_node),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
@@ -205,10 +208,14 @@ def _worker(local_rank: int, world_size: int, port: int, fn: Callable[..., Any],
     os._exit(0)
 
 
-def spawn_local_workers(fn: Callable[..., Any], world_size: int, *args: Any) -> None:
+def spawn_local_workers(fn: Callable[..., Any], world_size: int, *args: Any, ranks_per_node: int | None = None
+                        ) -> None:
     """Run ``fn(*args)`` in ``world_size`` fresh processes and wait for all of them.
 
     ``fn`` must be importable (a module-level function).  An exception in any worker is re-raised
-    here with that worker's traceback.
+    here with that worker's traceback.  ``ranks_per_node``: the processes see torchrun's environment
+    of nodes of that many ranks (``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``), as a
+    multi-node job sets it; default one node.
     """
-    mp.start_processes(_worker, args=(world_size, free_port(), fn, args), nprocs=world_size, start_method="spawn")
+    mp.start_processes(_worker, args=(world_size, free_port(), fn, args, ranks_per_node), nprocs=world_size,
+                       start_method="spawn")

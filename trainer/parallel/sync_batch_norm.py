@@ -1,30 +1,32 @@
-"""BatchNorm whose training-mode statistics are the whole data-parallel batch's, on any device and
-backend (NCCL, gloo CPU ranks), with no host read in the forward or the backward.
+"""BatchNorm whose training-mode statistics are the batch of every rank of a group (the data-parallel
+group, or the ranks of one node: ``model.sync_batch_norm_group``), on any device and backend (NCCL,
+gloo CPU ranks), with no host read in the forward or the backward.
 
 ``torch.nn.SyncBatchNorm`` refuses CPU tensors and, on a GPU, reads the gathered per-rank counts on
 the host (it drops the ranks that held no samples with a boolean mask), so the CPU waits for the
 device once per layer: ~53 times per ResNet-50 forward.  Here a rank that held no samples simply
 counts zero in every sum, so the shapes never depend on the data.
 
-Forward, per channel: each rank's count, mean and sum of squared deviations (``torch.var_mean`` in
-fp32, or float64 for float64 inputs), one all-gather of a ``[world, 2C + 1]`` row, and Chan's
-pairwise combination of the rows into the global mean and variance: exact for unequal per-rank
-batch sizes, and stable where a plain sum of squares would cancel (channels with a large mean).
-The global biased variance normalises; the unbiased one (``N - 1``) enters the running variance, as
-PyTorch's BatchNorm does.  Every rank combines the same gathered rows, so every rank's running
-statistics move identically.
+Forward, per channel: each rank's count, mean and sum of squared deviations, one all-gather of a
+``[ranks, 2C + 1]`` row, and their exact combination into the group's mean and variance
+(``trainer.parallel.batch_norm_pieces``, where the per-rank maths lives, with torch's fused CUDA
+kernels on a GPU).  The biased variance normalises; the unbiased one (``N - 1``) enters the running
+variance, as PyTorch's BatchNorm does.  Every rank of the group combines the same gathered rows, so
+their running statistics move identically.
 
-Backward (``_NormalizeWithGlobalStatistics``): the gradient flows through the global statistics,
-``dx = w / sigma * (dy - mean(dy) - xhat * mean(dy * xhat))`` with both means over the global batch,
-so each layer all-reduces ``[sum dy, sum dy * xhat]`` (2C values).  The weight and bias gradients are
-this rank's sums, as for any parameter: the data-parallel gradient reduction adds the ranks' parts.
+Backward (``_NormalizeWithGroupStatistics``): the gradient flows through the group's statistics, so
+each layer all-reduces ``[sum dy, sum dy * (x - mean)]`` (2C values).  The weight and bias gradients
+are this rank's sums, as for any parameter: the data-parallel gradient reduction adds the ranks'
+parts.
 
 Precision: with DeepSpeed's bf16 engine a layer holds bf16 weight and bias next to fp32 running
 statistics; the arithmetic runs in fp32 (the affine parameters cast, 2 x C numbers), the output in the
 input's dtype, gradients back in each parameter's own dtype.
 
-Without a process group of more than one rank (a one-process run, ``process_group`` of one rank)
-the layer is plain BatchNorm: ``F.batch_norm`` with the same fp32 handling of the affine parameters.
+Without a group of more than one rank (a one-process run, a node of one rank) the layer is plain
+BatchNorm: ``F.batch_norm`` with the same fp32 handling of the affine parameters.
+``synchronize_alone`` keeps the synchronised path on a group of one: a one-GPU check then runs the
+code (and the kernels) that a multi-rank job runs.
 """
 
 from __future__ import annotations
@@ -35,44 +37,29 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from trainer.parallel.batch_norm_pieces import (
+    combine_rows,
+    gradient_sums,
+    input_gradient,
+    parameter_gradients,
+    rank_row,
+)
 from trainer.parallel.collectives import all_reduce_, gather_rows
 
 
-def _reduced_dims(input: torch.Tensor) -> list[int]:
-    return [0, *range(2, input.dim())]
-
-
-def _per_channel(tensor: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
-    """A ``[C]`` tensor shaped to broadcast against ``input`` ``[N, C, ...]``."""
-    return tensor.view(1, -1, *([1] * (input.dim() - 2)))
-
-
-def global_batch_statistics(input: torch.Tensor, group: dist.ProcessGroup | None, dtype: torch.dtype
-                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def global_batch_statistics(input: torch.Tensor, group: dist.ProcessGroup | None, dtype: torch.dtype,
+                            eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(mean, biased variance, unbiased variance, count)`` per channel over every rank's ``input``
     (``count`` a one-element tensor), in ``dtype``: one all-gather, no host read."""
-    channels = input.shape[1]
-    count = input.numel() // channels if channels else 0
-    if input.numel() > 0:
-        variance, mean = torch.var_mean(input.to(dtype), dim=_reduced_dims(input), correction=0)
-        squared_deviations = variance * count
-    else:  # zeros: this rank then adds nothing to any sum below
-        mean = squared_deviations = torch.zeros(channels, dtype=dtype, device=input.device)
-    own = torch.cat([torch.full((1,), count, dtype=dtype, device=input.device), mean, squared_deviations])
-    every_rank = gather_rows(own.unsqueeze(0), group)  # [world, 1 + C + C]
-    counts, means, deviations = every_rank.split([1, channels, channels], dim=1)
-    total = counts.sum(0)
-    global_mean = (counts * means).sum(0) / total
-    # Chan et al.: the sum of squared deviations from the global mean, rank by rank
-    global_deviations = deviations.sum(0) + (counts * (means - global_mean).square()).sum(0)
-    return global_mean, global_deviations / total, global_deviations / (total - 1), total
+    every_rank = gather_rows(rank_row(input, dtype, eps).unsqueeze(0), group)  # [ranks, 1 + C + C]
+    return combine_rows(every_rank, input.shape[1])
 
 
-class _NormalizeWithGlobalStatistics(torch.autograd.Function):
-    """Forward: ``(x - mean) / sqrt(var + eps) * weight + bias`` with the global batch's ``mean`` and
-    ``var`` (given), in their dtype, the output in ``x``'s.  Backward: the exact gradient of that
-    through the global statistics (one all-reduce of ``[sum dy, sum dy * xhat]`` over ``group``);
-    the weight and bias get this rank's sums."""
+class _NormalizeWithGroupStatistics(torch.autograd.Function):
+    """Forward: ``(x - mean) / sqrt(var + eps) * weight + bias`` with the group's ``mean`` and ``var``
+    (given), in their dtype, the output in ``x``'s.  Backward: the exact gradient of that through the
+    group's statistics (one all-reduce of 2C sums over ``group``); the weight and bias get this
+    rank's sums."""
 
     @staticmethod
     def forward(ctx, input, weight, bias, mean, variance, count, eps, group):
@@ -89,30 +76,27 @@ class _NormalizeWithGlobalStatistics(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         input, weight, mean, invstd, count = ctx.saved_tensors
-        dims = _reduced_dims(input)
-        grad = grad_output.to(mean.dtype)
-        normalized = (input.to(mean.dtype) - _per_channel(mean, input)) * _per_channel(invstd, input)
-        sum_grad = grad.sum(dims)
-        sum_grad_normalized = (grad * normalized).sum(dims)
+        own = gradient_sums(grad_output, input, mean, invstd)
         grad_input = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
-            sums = all_reduce_(torch.cat([sum_grad, sum_grad_normalized]), dist.ReduceOp.SUM, ctx.group)
-            mean_grad, mean_grad_normalized = (sums / count).chunk(2)
-            scale = invstd if weight is None else invstd * weight
-            centred = grad - _per_channel(mean_grad, input) - normalized * _per_channel(mean_grad_normalized, input)
-            grad_input = (centred * _per_channel(scale, input)).to(input.dtype)
+            every_rank = all_reduce_(own.clone(), dist.ReduceOp.SUM, ctx.group)
+            grad_input = input_gradient(grad_output, input, mean, invstd, weight, every_rank, count)
+        own_weight, own_bias = parameter_gradients(own, invstd)
         weight_dtype, bias_dtype = ctx.parameter_dtypes
         if ctx.needs_input_grad[1]:
-            grad_weight = sum_grad_normalized.to(weight_dtype)
+            grad_weight = own_weight.to(weight_dtype)
         if ctx.needs_input_grad[2]:
-            grad_bias = sum_grad.to(bias_dtype)
+            grad_bias = own_bias.to(bias_dtype)
         return grad_input, grad_weight, grad_bias, None, None, None, None, None
 
 
 class SyncBatchNorm(_BatchNorm):
     """BatchNorm over the batch of every rank of ``process_group`` (None: the default group, when
     one is initialised), for inputs ``[N, C, ...]`` of any rank >= 2 (BatchNorm1d/2d/3d alike).
-    State-dict names are BatchNorm's.  See the module docstring."""
+    State-dict names are BatchNorm's.  ``synchronize_alone``: the synchronised path on a group of one
+    rank too (one-GPU checks).  See the module docstring."""
+
+    synchronize_alone = False
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
                  track_running_stats: bool = True, process_group: dist.ProcessGroup | None = None,
@@ -131,7 +115,7 @@ class SyncBatchNorm(_BatchNorm):
             if not (dist.is_available() and dist.is_initialized()):
                 return None
             group = dist.group.WORLD
-        return group if dist.get_world_size(group) > 1 else None
+        return group if self.synchronize_alone or dist.get_world_size(group) > 1 else None
 
     def _statistics_dtype(self, input: torch.Tensor) -> torch.dtype:
         if self.running_mean is not None:
@@ -152,7 +136,7 @@ class SyncBatchNorm(_BatchNorm):
             return self._local_forward(input)
         dtype = torch.promote_types(input.dtype, torch.float32)
         with torch.no_grad():
-            mean, variance, unbiased_variance, count = global_batch_statistics(input, group, dtype)
+            mean, variance, unbiased_variance, count = global_batch_statistics(input, group, dtype, self.eps)
             if self.track_running_stats and self.running_mean is not None:
                 self.num_batches_tracked.add_(1)
                 # momentum None: the cumulative average, its factor a device tensor (no host read)
@@ -160,7 +144,7 @@ class SyncBatchNorm(_BatchNorm):
                           else self.num_batches_tracked.to(self.running_mean.dtype).reciprocal())
                 self.running_mean.lerp_(mean.to(self.running_mean.dtype), factor)
                 self.running_var.lerp_(unbiased_variance.to(self.running_var.dtype), factor)
-        return _NormalizeWithGlobalStatistics.apply(input, self.weight, self.bias, mean, variance, count,
+        return _NormalizeWithGroupStatistics.apply(input, self.weight, self.bias, mean, variance, count,
                                                     self.eps, group)
 
     def _local_forward(self, input: torch.Tensor) -> torch.Tensor:
@@ -186,7 +170,8 @@ def _converts_as_plain_batch_norm(cls: type) -> bool:
             or getattr(cls, "same_maths_as_batch_norm", False))
 
 
-def convert_to_sync_batch_norm(model: nn.Module, process_group: dist.ProcessGroup | None = None) -> nn.Module:
+def convert_to_sync_batch_norm(model: nn.Module, process_group: dist.ProcessGroup | None = None,
+                               synchronize_alone: bool = False) -> nn.Module:
     """Every BatchNorm layer of ``model`` becomes a ``SyncBatchNorm`` over ``process_group``, in place:
     the same parameter and buffer tensors under the same state-dict names, so checkpoints load
     either way.  Refuses a BatchNorm subclass whose forward does more than BatchNorm."""
@@ -200,4 +185,5 @@ def convert_to_sync_batch_norm(model: nn.Module, process_group: dist.ProcessGrou
                              "its forward is plain BatchNorm")
         module.__class__ = SyncBatchNorm
         module.process_group = process_group
+        module.synchronize_alone = synchronize_alone
     return model
