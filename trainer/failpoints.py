@@ -29,6 +29,10 @@ backward would.  One waits:
 SIGTERM, so that a drill's SIGTERM lands mid-run however fast or slow the machine's steps are.  One
 raises: ``eval.end_of_run`` (``armed``) makes the end-of-run evaluation fail with an exception after
 the final checkpoint is complete.
+
+Beside the points, one knob slows a save down: ``INSTCLS_SLOW_SAVE=SECONDS,step=S`` makes rank 0
+hold the checkpoint of step S that long before its rename (``slow_save``), as writing ImageNet-21K's
+rows to a shared volume takes, so that a drill can show a membership change letting it finish.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import time
 from typing import Callable
 
 ENV = "INSTCLS_FAILPOINT"
+SLOW_SAVE_ENV = "INSTCLS_SLOW_SAVE"
 ONCE_ENV = "INSTCLS_FAILPOINT_ONCE"
 POINTS = (
     "train.after_backward",
@@ -124,3 +129,16 @@ def wait_point(name: str, step: int, released: Callable[[], bool], limit_s: floa
     deadline = time.monotonic() + limit_s
     while not released() and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def slow_save(step: int) -> None:
+    """Sleep here (a checkpoint's commit) when ``INSTCLS_SLOW_SAVE=SECONDS,step=S`` names this step."""
+    spec = os.environ.get(SLOW_SAVE_ENV)
+    if not spec:
+        return
+    seconds, _, at = spec.partition(",step=")
+    if not (seconds.isdigit() and at.isdigit()):
+        raise ValueError(f"{SLOW_SAVE_ENV}={spec!r} is invalid: use SECONDS,step=STEP (whole numbers)")
+    if int(at) == step:
+        print(f"instcls: {SLOW_SAVE_ENV}: the checkpoint of step {step} takes {seconds} s more", flush=True)
+        time.sleep(int(seconds))

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from trainer import failpoints
 from trainer.failpoints import ENV, parse
 
 PROBE = "from trainer.failpoints import fail_point; fail_point('train.after_backward', 3); print('survived')"
@@ -42,7 +43,6 @@ def test_the_armed_rank_and_step_die_with_sigkill_and_nothing_else_does():
 
 
 def test_the_wait_point_holds_the_armed_rank_until_it_is_released(monkeypatch):
-    from trainer import failpoints
 
     monkeypatch.setattr(failpoints, "_ARMED", ("train.wait_for_sigterm", 0, 2))
     monkeypatch.setenv("RANK", "0")
@@ -70,3 +70,15 @@ def test_with_a_once_marker_the_point_fires_for_the_first_process_only_whatever_
     for count in ("0", "3"):  # ...but only once per job
         result = _probe(**armed, TORCHELASTIC_RESTART_COUNT=count)
         assert result.returncode == 0 and "survived" in result.stdout, result.stderr
+
+
+def test_the_slow_save_knob_holds_only_its_step_and_refuses_a_bad_value(monkeypatch):
+    slept = []
+    monkeypatch.setattr(failpoints.time, "sleep", slept.append)
+    monkeypatch.setenv(failpoints.SLOW_SAVE_ENV, "40,step=4")
+    failpoints.slow_save(3)
+    failpoints.slow_save(4)
+    assert slept == [40]
+    monkeypatch.setenv(failpoints.SLOW_SAVE_ENV, "forty")
+    with pytest.raises(ValueError, match="INSTCLS_SLOW_SAVE='forty' is invalid: use SECONDS,step=STEP"):
+        failpoints.slow_save(4)

@@ -313,6 +313,9 @@ def test_deleting_an_overlay_never_deletes_data():
     assert {"instcls-shards", "instcls-checkpoints"} <= claims
 
 
+ELASTIC_BATCH = "--set=data.loader.batch_size=105"
+
+
 def test_the_elastic_overlays_change_only_the_node_count_and_the_rendezvous():
     """The elastic forms run the same pods as the fixed ones; what differs is how many nodes the
     rendezvous takes (MIN:MAX, MAX the fixed job's size), how many restarts (every membership
@@ -328,6 +331,9 @@ def test_the_elastic_overlays_change_only_the_node_count_and_the_rendezvous():
     assert 1 <= policy["minReplicas"] < policy["maxReplicas"] == sum(r["replicas"] for r in replicas.values())
     assert list(elastic["spec"]["pytorchReplicaSpecs"]) == ["Worker"]
     worker = elastic["spec"]["pytorchReplicaSpecs"]["Worker"]
+    elastic_args = worker["template"]["spec"]["containers"][0]["args"]
+    assert elastic_args[-1] == ELASTIC_BATCH  # the one change to the pods: a batch every size splits
+    worker["template"]["spec"]["containers"][0]["args"] = elastic_args[:-1]
     assert worker["replicas"] == policy["maxReplicas"] and worker["template"] == replicas["Master"]["template"]
     conf = {entry["key"]: int(entry["value"]) for entry in policy["rdzvConf"]}
     assert conf["last_call_timeout"] >= 60 and conf["join_timeout"] >= conf["last_call_timeout"]
@@ -338,8 +344,9 @@ def test_the_elastic_overlays_change_only_the_node_count_and_the_rendezvous():
     assert low < high == fixed["spec"]["completions"]
     assert int(args["--max-restarts"].split("=")[1]) >= 50 and "last_call_timeout=" in args["--rdzv-conf"]
     assert elastic["spec"]["successPolicy"] == {"rules": [{"succeededCount": low}]}
+    assert args["--set"] == ELASTIC_BATCH
     unchanged = [a for a in elastic["spec"]["template"]["spec"]["containers"][0]["args"]
-                 if not a.startswith(("--nnodes", "--max-restarts", "--rdzv-conf"))]
+                 if not a.startswith(("--nnodes", "--max-restarts", "--rdzv-conf")) and a != ELASTIC_BATCH]
     assert unchanged == [a for a in fixed["spec"]["template"]["spec"]["containers"][0]["args"]
                          if not a.startswith(("--nnodes", "--max-restarts"))]
     elastic["spec"]["template"]["spec"]["containers"][0]["args"] = fixed["spec"]["template"]["spec"]["containers"][0][

@@ -16,7 +16,7 @@ ARGS = ["--nnodes=8", "--nproc-per-node=8", "-m", "trainer.cli", "train", "--con
 
 
 def torchrun_settings(command: list[str]):
-    assert command[1:3] == ["-m", "torch.distributed.run"]
+    assert command[1:3] == ["-m", "trainer.parallel.torchrun_agent"]  # torchrun, its agent patched
     return get_args_parser().parse_args(command[3:])
 
 
@@ -67,3 +67,33 @@ def test_each_rendezvous_round_gets_a_fresh_store_unless_the_user_chose(tmp_path
     environment = torchrun_environment(tmp_path, {"PATH": "/bin"})
     assert environment[FRESH_STORE_ENV] == "1" and environment[EXIT_CODE_ENV] == str(tmp_path)
     assert torchrun_environment(tmp_path, {FRESH_STORE_ENV: "0"})[FRESH_STORE_ENV] == "0"
+
+
+def test_the_agent_stops_its_own_workers_with_the_shutdown_timeout_not_torch_s_30_s():
+    """A membership change makes torch's agent stop its workers through ``_stop_workers``, which calls
+    ``_shutdown()`` at its 30 s default whatever ``--shutdown-timeout`` says; `instcls launch`'s
+    torchrun gives those stops the shutdown timeout too, so the save a node's return triggers can
+    finish."""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    from trainer.parallel.torchrun_agent import patch_agent
+
+    class Agent:  # what _stop_workers touches of an agent
+        _shutdown_timeout = 570
+
+        def __init__(self):
+            self.timeouts = []
+
+        def _shutdown(self, death_sig=signal.SIGTERM, timeout=30):
+            self.timeouts.append(timeout)
+
+    original = LocalElasticAgent._stop_workers
+    agent = Agent()
+    original(agent, None)
+    assert agent.timeouts == [30]  # torch's own: the fixed default
+    try:
+        patch_agent()
+        LocalElasticAgent._stop_workers(agent, None)
+    finally:
+        LocalElasticAgent._stop_workers = original
+    assert agent.timeouts == [30, 570]

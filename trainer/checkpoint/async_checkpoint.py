@@ -44,7 +44,7 @@ from trainer.checkpoint.checkpoint_files import (
 from trainer.checkpoint.components import DirectoryState, SaveJob, Stateful, plan_checkpoint
 from trainer.checkpoint.save_guard import CheckpointInterrupted, CheckpointWriteError
 from trainer.checkpoint.save_plan import HostStager, unstaged, write_plan
-from trainer.failpoints import fail_point
+from trainer.failpoints import fail_point, slow_save
 from trainer.parallel import ParallelDims
 from trainer.parallel.device_threads import device_thread_pool
 
@@ -202,6 +202,7 @@ class AsyncCheckpointer:
             write_manifest(job.tmp, entries)
             (job.tmp / TRAINER_FILE).write_text(json.dumps(job.meta, indent=1))
             fail_point("checkpoint.before_rename", job.step)
+            slow_save(job.step)  # a drill's stand-in for a large checkpoint's write
             if job.final.exists():  # the same step from an earlier run started with --resume none
                 shutil.rmtree(job.final)
             job.tmp.rename(job.final)

@@ -44,6 +44,8 @@ SIX_STEPS = ELASTIC + ["max_steps=6"]
 # A round that has its one required node waits this long for the other: longer than an agent takes
 # to start here (imports, ~10 s on 2 busy cores), so both nodes start the job together.
 LAST_CALL_S = 20
+# node-returns: the save its return triggers outlasts torch's fixed 30 s, inside the agents' timeout
+SLOW_SAVE_S, SHUTDOWN_TIMEOUT_S = 40, 120
 
 
 def loss_curve(job: Job) -> dict[int, float]:
@@ -122,11 +124,15 @@ def node_lost_for_good(context: DrillContext) -> DrillResult:
 def node_returns(context: DrillContext) -> DrillResult:
     """As node-lost-for-good, 6 steps; node 0, alone, is held in step 4 until node 1 comes back.
     Its agent then stops its rank for the new member (SIGTERM: the rank saves where it is), and the
-    job grows back to 2 nodes from that save, losing no step."""
+    job grows back to 2 nodes from that save, losing no step.  That save takes ``SLOW_SAVE_S`` (40 s,
+    ``INSTCLS_SLOW_SAVE``): longer than the 30 s torch's agent gives its own workers on a membership
+    change, so it completes only because `instcls launch`'s torchrun stops them with the
+    ``--shutdown-timeout`` (``trainer.parallel.torchrun_agent``)."""
     reference = _uninterrupted(context, "uninterrupted-sync-6", SIX_STEPS)
     with TwoNodeJob(context.directory("node-returns"), context.shards, overrides=list(SIX_STEPS),
-                    min_nodes=1, last_call_s=LAST_CALL_S) as job:
-        survivor, victim = job.start(0, _held(4), once="held-alone"), job.start(1, _held(3))
+                    min_nodes=1, last_call_s=LAST_CALL_S, shutdown_timeout_s=SHUTDOWN_TIMEOUT_S) as job:
+        survivor = job.start(0, _held(4), once="held-alone", INSTCLS_SLOW_SAVE=f"{SLOW_SAVE_S},step=4")
+        victim = job.start(1, _held(3))
         fault = _lose_mid_step(job, victim)
         alone = survivor.wait_for("restart 1: 2 -> 1 ranks", timeout=300) and survivor.wait_for(WAITS, timeout=300)
         returned_at = time.time()

@@ -32,12 +32,13 @@ class TwoNodeJob:
     min_nodes: int | None = None  # elastic (--nnodes MIN:2): the job goes on with MIN nodes
     # how long a round with MIN nodes waits for more: elastic jobs must outwait the agents' start-up
     last_call_s: int = 1
+    shutdown_timeout_s: int | None = None  # the agents' --shutdown-timeout (None: torch's 30 s)
     nodes: list[Node] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.rendezvous = Rendezvous(free_port(), nnodes=2, min_nodes=self.min_nodes, nproc_per_node=1,
                                      max_restarts=self.max_restarts, join_timeout_s=self.join_timeout_s,
-                                     last_call_s=self.last_call_s)
+                                     last_call_s=self.last_call_s, shutdown_timeout_s=self.shutdown_timeout_s)
         (self.shared / "shards").mkdir(parents=True, exist_ok=True)
         for split, path in self.shards.items():
             link = self.shared / "shards" / split
@@ -67,11 +68,12 @@ class TwoNodeJob:
         return train_arguments(Path(VOLUMES), {split: Path(VOLUMES) / "shards" / split for split in ("train", "val")},
                                overrides, resume="auto")
 
-    def start(self, node: int, failpoint: str | None = None, once: str = FIRED) -> Node:
+    def start(self, node: int, failpoint: str | None = None, once: str = FIRED, **env: str) -> Node:
         """Start (or replace) node ``node``; ``failpoint`` arms a fault in its ranks, once per job
-        (per marker ``once``: two faults of one job need two)."""
+        (per marker ``once``: two faults of one job need two); ``env``: more of its environment."""
         extra = {} if failpoint is None else {"INSTCLS_FAILPOINT": failpoint,
                                               "INSTCLS_FAILPOINT_ONCE": str(self.shared / once)}
+        extra.update(env)
         started = start_node(node, self.node_directory(node), self.rendezvous, self.train_arguments(node),
                              env=job_env(**extra), repo=REPO)
         self.nodes.append(started)

@@ -7,6 +7,9 @@ Keeping the global batch keeps everything that depends on it: the learning rate 
 (the sampler reads step k's global batch from one permutation however many ranks share it).  A
 world size that does not divide the global batch is refused: no split would read the same samples.
 
+An elastic launch (``--nnodes MIN:MAX``) fixes it at its largest size: ``data.loader.batch_size`` is
+the per-rank batch at MAX nodes, whatever size the first start has.
+
 The per-rank batch grows when the job shrinks (2 nodes of 64 images per rank, one node lost: 128
 per rank), so plan a GPU job's memory at its smallest world size (``instcls plan --ranks``).
 Gradient accumulation, which would keep the per-rank batch, is not implemented: the classifier's
@@ -45,9 +48,14 @@ class BatchSplit:
 
 
 def split_global_batch(configured_per_rank: int, world_size: int, saved_global_batch: int | None = None,
-                       saved_world_size: int | None = None) -> BatchSplit:
+                       saved_world_size: int | None = None, largest_world_size: int | None = None) -> BatchSplit:
     """The per-rank batch on ``world_size`` ranks: the checkpoint's global batch split evenly, or on
-    a first start ``configured_per_rank`` on each rank."""
+    a first start ``configured_per_rank`` on each rank.  ``largest_world_size``: an elastic launch's
+    largest size, at which ``configured_per_rank`` applies: a first start on fewer ranks splits the
+    same global batch (``configured_per_rank x largest_world_size``), so the job's global batch does
+    not depend on how many nodes had joined when it first started."""
+    if saved_global_batch is None and largest_world_size is not None:
+        saved_global_batch = configured_per_rank * largest_world_size
     if saved_global_batch is None:
         return BatchSplit(configured_per_rank * world_size, world_size, configured_per_rank, configured_per_rank, None)
     if saved_global_batch % world_size:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from trainer.checkpoint.safe_load import load_data
 from trainer.elastic.global_batch import BatchSplit, split_global_batch
+from trainer.elastic.world_range import check_elastic_range
+from trainer.parallel.elastic_range import world_sizes_from_environment
 
 SAMPLER_COMPONENT = "components/sampler"  # the training sampler's state in a checkpoint (its seed among it)
 
@@ -33,10 +35,14 @@ def recorded_loader_seed(checkpoint: Path) -> int | None:
 def settings_for_this_run(config, world_size: int, resumed: Path | None, resumed_meta: dict | None) -> RunSettings:
     """``config`` with the per-rank batch and the loader seed this run must use on ``world_size`` ranks."""
     loader = config.data.loader
-    split = split_global_batch(loader.batch_size, world_size,
-                               *((resumed_meta.get("global_batch"), resumed_meta["world_size"])
-                                 if resumed_meta else (None, None)))
-    notes = [split.describe()] if resumed is not None else []
+    saved = (resumed_meta.get("global_batch"), resumed_meta["world_size"]) if resumed_meta else (None, None)
+    world_sizes = world_sizes_from_environment()  # an elastic launch's range (None: a job of fixed size)
+    largest = max(world_sizes) if world_sizes else None
+    # every world size of the range must split what is split over the ranks: refused now, not at a shrink
+    check_elastic_range(saved[0] or loader.batch_size * (largest or world_size), world_sizes,
+                        config.objective.sizes_split_over_ranks())
+    split = split_global_batch(loader.batch_size, world_size, *saved, largest_world_size=largest)
+    notes = [split.describe()] if resumed is not None or split.changed else []
     if split.changed:
         loader = replace(loader, batch_size=split.per_rank)
     seed = recorded_loader_seed(resumed) if resumed is not None else None

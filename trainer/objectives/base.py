@@ -75,6 +75,11 @@ class ObjectiveConfig:
         (``trainer.checkpoint.run_fingerprint``)."""
         return ("name",)
 
+    def sizes_split_over_ranks(self) -> dict[str, int]:
+        """``{setting: value}`` of the settings this objective divides evenly over the ranks, which
+        every world size of an elastic range must therefore divide (``trainer.elastic.world_range``)."""
+        return {}
+
     def memory_plan(self, views: ViewLayout) -> ObjectiveMemoryPlan:
         """What this objective keeps per rank beside the backbone, for ``instcls plan`` and the dry
         run: one of ``trainer.objectives.memory_plan``'s descriptions, from the settings alone (no

@@ -1,12 +1,16 @@
 """Starting ranks: the container's entry point (``instcls launch``) and local worker processes.
 
-``launch``: ``instcls launch ARGS...`` runs ``python -m torch.distributed.run ARGS...`` as a child,
+``launch``: ``instcls launch ARGS...`` runs torchrun (``python -m trainer.parallel.torchrun_agent ARGS...``:
+``torch.distributed.run`` with the agent's stops given ``--shutdown-timeout``) as a child,
 forwards SIGTERM/SIGINT to it and exits with a code a Job controller can act on
 (``trainer.exit_codes``): 0 when the run finished, 143 when it was preempted (retry), 2-4 when a
 retry cannot help.  torchrun alone cannot say which: it exits 1 whenever a worker failed, whatever
 the worker's code, and also after a SIGTERM it forwarded.  So every worker writes its own exit code
 into ``INSTCLS_EXIT_CODE_DIR`` (``run_reporting_exit_code``) and the launcher reads them when
-torchrun is done.
+torchrun is done; at the first code a restart cannot heal (2-4) it stops torchrun at once
+(``hopeless_failure``) rather than let it restart up to ``--max-restarts`` times.  An elastic
+launch (``--nnodes MIN:MAX``) tells the ranks its world sizes (``elastic_range``), and a pod that
+knows its index names the rendezvous store's host (``rendezvous_host``).
 torchrun's stderr passes through unchanged; when the job fails because its port was taken or the
 rendezvous never completed, one last line says what to change (torchrun's own text is a traceback).
 With a dynamic rendezvous (``--rdzv-backend c10d``, the multi-node setting) each rendezvous round
@@ -42,7 +46,10 @@ import torch.multiprocessing as mp
 
 from trainer.exit_codes import EXIT_CODE_ENV, ExitCode, node_exit_code, reported_exit_codes
 from trainer.parallel.dims import shutdown_distributed
+from trainer.parallel.elastic_range import WORLD_SIZES_ENV, world_sizes_of_launch
+from trainer.parallel.hopeless_failure import HopelessFailureWatch
 from trainer.parallel.launch_notices import RendezvousNotice, failure_cause_line, rendezvous_description
+from trainer.parallel.rendezvous_host import with_rendezvous_host
 
 # (what torchrun's stderr says, what to change): the failures a user fixes in the command, not the code
 _LAUNCH_ADVICE = (
@@ -83,9 +90,10 @@ SHUTDOWN_MARGIN_S = 30
 
 
 def torchrun_command(torchrun_args: list[str], environ: dict[str, str] | None = None) -> list[str]:
-    """``python -m torch.distributed.run``, with ``--shutdown-timeout`` from the grace period unless given."""
+    """torchrun (``trainer.parallel.torchrun_agent``), with ``--shutdown-timeout`` from the grace period unless
+    given."""
     environ = os.environ if environ is None else environ
-    command = [sys.executable, "-m", "torch.distributed.run"]
+    command = [sys.executable, "-m", "trainer.parallel.torchrun_agent"]  # torchrun, its agent's stops patient
     given = any(arg.split("=", 1)[0] in ("--shutdown-timeout", "--shutdown_timeout") for arg in torchrun_args)
     grace = environ.get(GRACE_ENV)
     if grace is not None and not given:
@@ -99,18 +107,25 @@ def torchrun_command(torchrun_args: list[str], environ: dict[str, str] | None = 
 FRESH_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
-def torchrun_environment(reports: Path, environ: dict[str, str] | None = None) -> dict[str, str]:
-    """torchrun's environment: where ranks report their exit codes, and a fresh store per rendezvous
-    round (unless the user chose otherwise; static rendezvous ignores it)."""
+def torchrun_environment(reports: Path, environ: dict[str, str] | None = None,
+                         torchrun_args: list[str] = ()) -> dict[str, str]:
+    """torchrun's environment: where ranks report their exit codes, a fresh store per rendezvous
+    round (unless the user chose otherwise; static rendezvous ignores it), and the world sizes an
+    elastic launch (``--nnodes MIN:MAX``) allows, for the ranks to check at start."""
     environ = dict(os.environ if environ is None else environ)
     environ.setdefault(FRESH_STORE_ENV, "1")
+    world_sizes = world_sizes_of_launch(list(torchrun_args), environ)
+    if world_sizes is not None:
+        environ[WORLD_SIZES_ENV] = ",".join(map(str, world_sizes))
     return dict(environ, **{EXIT_CODE_ENV: str(reports)})
 
 
 def launch(torchrun_args: list[str]) -> int:
+    torchrun_args = with_rendezvous_host(torchrun_args)  # pod 0 hosts the c10d store, named
     command = torchrun_command(torchrun_args)
     reports = Path(tempfile.mkdtemp(prefix="instcls-exit-codes-"))
-    child = subprocess.Popen(command, env=torchrun_environment(reports), stderr=subprocess.PIPE)
+    child = subprocess.Popen(command, env=torchrun_environment(reports, torchrun_args=torchrun_args),
+                             stderr=subprocess.PIPE)
     tail = bytearray()
     reader = threading.Thread(target=_pass_through, args=(child.stderr, tail), daemon=True)
     reader.start()
@@ -122,7 +137,8 @@ def launch(torchrun_args: list[str]) -> int:
 
     previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
-        with RendezvousNotice(reports, rendezvous_description(torchrun_args)):
+        with RendezvousNotice(reports, rendezvous_description(torchrun_args)), \
+                HopelessFailureWatch(reports, child) as hopeless:
             returncode = child.wait()
     finally:
         # Put the caller's handlers back: a handler left forwarding to a finished child would
@@ -131,6 +147,8 @@ def launch(torchrun_args: list[str]) -> int:
             signal.signal(signum, handler)
     reader.join()
     rank_codes = reported_exit_codes(reports)
+    if hopeless.stopped_for is not None:  # kept even if a restarted rank removed its report since
+        rank_codes.append(hopeless.stopped_for)
     cause = failure_cause_line(reports)
     shutil.rmtree(reports, ignore_errors=True)
     code = node_exit_code(returncode, rank_codes, signal.SIGTERM in received)

@@ -39,6 +39,8 @@ class Rendezvous:
     join_timeout_s: int = 600
     # a node restarted for a membership change waits this long for the other nodes' agents
     last_call_s: int = 1
+    # how long an agent lets its workers stop (a SIGTERM's save) before SIGKILL; None: torch's 30 s
+    shutdown_timeout_s: int | None = None
 
     def agent_arguments(self, node: int) -> list[str]:
         """torchrun's arguments for ``node``: node 0 hosts the store at the endpoint."""
@@ -46,7 +48,8 @@ class Rendezvous:
         nnodes = str(self.nnodes) if self.min_nodes is None else f"{self.min_nodes}:{self.nnodes}"
         return ["--nnodes", nnodes, "--nproc-per-node", str(self.nproc_per_node),
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", RDZV_ID,
-                "--rdzv-conf", conf, "--max-restarts", str(self.max_restarts), "--local-addr", "127.0.0.1"]
+                "--rdzv-conf", conf, "--max-restarts", str(self.max_restarts), "--local-addr", "127.0.0.1",
+                *([] if self.shutdown_timeout_s is None else ["--shutdown-timeout", str(self.shutdown_timeout_s)])]
 
 
 @dataclass

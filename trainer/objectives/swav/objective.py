@@ -78,6 +78,9 @@ class SwavConfig(ObjectiveConfig):
     queue_start_epoch: int = 15
     collapse_log_steps: int = 10
 
+    def sizes_split_over_ranks(self) -> dict[str, int]:
+        return {"objective.queue_length": self.queue_length} if self.queue_length else {}
+
     def fingerprint_fields(self) -> tuple[str, ...]:
         return ("name", "num_prototypes", "queue_length")
 
