@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from trainer.drills.jobs import REPO
+from trainer.drills.jobs import REPO, train_arguments
 from trainer.exit_codes import ExitCode
 
 pytestmark = pytest.mark.integration
@@ -30,3 +30,18 @@ def test_a_bad_input_on_one_rank_ends_the_launch_without_a_second_round(tmp_path
     assert "rank 1 exited 2 (BAD_INPUT): instcls: error: data.train_shards=/nowhere has no shards" in result.stderr
     assert "torchrun is stopped now instead of restarting the workers" in result.stderr
     assert seconds < 100, seconds  # rank 0 sleeps 120 s: it was stopped, not waited for
+
+
+@pytest.mark.slow  # a real elastic launch (one node of a 1:3 range); the check itself: tests/unit/test_elastic_range.py
+def test_an_elastic_range_the_global_batch_cannot_serve_is_refused_at_the_first_start(digits_split, tmp_path):
+    """`--nnodes 1:3` of one rank each: the global batch is 33 x 3 = 99, which 2 ranks cannot split.
+    The one node that starts refuses it before step 1 (exit 2), naming the batch that would serve."""
+    result = subprocess.run(
+        [sys.executable, "-m", "trainer.cli", "launch", "--standalone", "--nnodes", "1:3", "--nproc-per-node", "1",
+         "--rdzv-conf", "last_call_timeout=1", "--max-restarts", "100", "-m", *train_arguments(
+             tmp_path, digits_split, ["data.loader.batch_size=33", "max_steps=2"])],
+        cwd=REPO, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert result.returncode == ExitCode.BAD_INPUT, result.stderr[-3000:]
+    assert "the global batch 99 does not split over 2 ranks" in result.stderr
+    assert "set data.loader.batch_size=34" in result.stderr
+    assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())

@@ -166,7 +166,14 @@ def test_training_pods_can_use_infiniband():
     # sockets across nodes: the job runs, many times slower in its collectives.
     for name in ("indexed-job/indexed-job.yaml", "pytorchjob/pytorchjob.yaml"):
         text = (K8S / "overlays" / name).read_text()
-        assert "PLACEHOLDER" in text and "WITHOUT InfiniBand" in text, name  # what to change is said
+        assert "PLACEHOLDER" in text and "k8s/nccl-fabric.yaml" in text, name  # what to change, and where
+    fabric = yaml.safe_load((K8S / "nccl-fabric.yaml").read_text())
+    text = (K8S / "nccl-fabric.yaml").read_text()
+    assert "PLACEHOLDER" in text and "WITHOUT InfiniBand" in text and "RoCE" in text
+    # exact HCA names ("=" first, each with its port): a bare prefix also matches storage and front-end ports
+    hcas = fabric["data"]["NCCL_IB_HCA"]
+    assert hcas.startswith("=") and all(":" in hca for hca in hcas[1:].split(","))
+    assert fabric["data"]["NCCL_IB_DISABLE"] == "0" and fabric["data"]["NCCL_SOCKET_IFNAME"]
     for pod in training_pods():
         container = pod["containers"][0]
         resources = container["resources"]
@@ -174,7 +181,9 @@ def test_training_pods_can_use_infiniband():
         assert rdma and all(resources["requests"][key] == value for key, value in rdma.items())
         assert container["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
         env = {e["name"]: e.get("value") for e in container["env"]}
-        assert env["NCCL_IB_DISABLE"] == "0" and env["NCCL_IB_HCA"] and env["NCCL_SOCKET_IFNAME"]
+        # the fabric from the one ConfigMap, never set again inline (an inline value would win over it)
+        assert container["envFrom"] == [{"configMapRef": {"name": fabric["metadata"]["name"]}}]
+        assert not set(env) & set(fabric["data"]), set(env) & set(fabric["data"])
         assert env["NCCL_DEBUG"] == "WARN"
 
 
