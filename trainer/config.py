@@ -255,6 +255,11 @@ class LoggingSection:
         as TensorBoard scalars under ``dir``/tensorboard/ (tags such as ``train/loss``,
         ``eval/knn_trained``), for runs watched without Prometheus; needs the optional
         ``tensorboard`` package (``pip install 'instcls[tensorboard]'``).  Off by default.
+    trainjob_status: rank 0 reports the run's progress (percentage, remaining seconds, loss,
+        images/s, the last kNN accuracy) into its Kubeflow Trainer TrainJob's status, at most every
+        ``progress_every_s`` seconds, through the endpoint the TrainJob runtime injects
+        (``trainer.observability.trainjob_status``).  A report that fails logs one warning and
+        training goes on.  Off by default; on in ``k8s/overlays/trainjob``.
     """
 
     dir: Path = Path("logs")
@@ -265,8 +270,11 @@ class LoggingSection:
     progress_every_s: float = 30.0
     consumed_ids: bool = False
     tensorboard: bool = False
+    trainjob_status: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.trainjob_status, bool):
+            raise ConfigError(f"logging.trainjob_status={self.trainjob_status!r} is invalid: use true or false")
         if self.log_every < 1:
             raise ConfigError("logging.log_every must be >= 1")
         if not isinstance(self.tensorboard, bool):

@@ -15,6 +15,7 @@ from trainer.observability.logs import JsonlLog, memory_readings
 from trainer.observability.memory import peak_rss_bytes
 from trainer.observability.metrics import TrainingMetrics
 from trainer.observability.progress import ProgressLines, on_terminal
+from trainer.observability.trainjob_status import TrainJobStatusReporter
 from trainer.observability.what_runs import what_runs_line
 
 
@@ -34,12 +35,17 @@ class RunRecord:
         self.step_history: list[dict[str, float]] | None = None
         self.phase_history: list[dict[str, float]] | None = None
         self.host_syncs_so_far: Callable[[], int] | None = None  # the bench's count, read at each step's end
+        self.trainjob: TrainJobStatusReporter | None = None  # rank 0 with logging.trainjob_status
+        self._scores: dict[str, float] = {}  # the last evaluation's, for the TrainJob's status
 
     def show_progress(self, logging_section, total_steps: int, max_steps: int | None, steps_per_epoch: int) -> None:
         """Rank 0 with ``logging.progress`` off a terminal: plain lines at log steps (the bar needs a terminal)."""
+        last_step = total_steps if max_steps is None else min(total_steps, max_steps)
         if self.rank == 0 and logging_section.progress and not on_terminal(sys.stderr):
-            last_step = total_steps if max_steps is None else min(total_steps, max_steps)
             self.progress = ProgressLines(last_step, steps_per_epoch, logging_section.progress_every_s)
+        if self.rank == 0 and logging_section.trainjob_status:
+            self.trainjob = TrainJobStatusReporter.from_environment(last_step, logging_section.progress_every_s,
+                                                                    self.say)
 
     def say(self, message: str) -> None:
         self.log.write(event="message", message=message)
@@ -121,6 +127,15 @@ class RunRecord:
                        **{f"objective_{name}": round(value, 4) for name, value in objective_metrics.items()})
         if self.progress is not None:
             self.progress.log_step(epoch, step_in_epoch, step, loss_value, images_per_second, data_wait / seconds)
+        if self.trainjob is not None:
+            figures = {"loss": loss_value} if math.isfinite(loss_value) else {}
+            self.trainjob.log_step(step, {**figures, "images_per_s_per_rank": images_per_second, **self._scores})
+
+    def scored(self, results: dict) -> None:
+        """An evaluation's scores: the trained network's kNN (and probe) accuracy goes into the TrainJob's status."""
+        if not results:  # no evaluation configured
+            return
+        self._scores = {name: results[name] for name in ("knn_trained", "linear_trained") if name in results}
 
     def epoch_done(self, epoch: int, seconds: float, objective) -> None:
         self.train_seconds += seconds
@@ -143,3 +158,5 @@ class RunRecord:
                        seconds=round(self.train_seconds, 3), world_size=world_size, images=self.images_this_run,
                        peak_memory_bytes=peak, peak_memory_kind="cuda_max_allocated" if cuda else "rss_high_water",
                        stopped_by=stopped_by, **({"eval_failed": eval_failed} if eval_failed else {}))
+        if self.trainjob is not None:  # the run's end: its last step and scores, then the sender stops
+            self.trainjob.close(steps, self._scores)

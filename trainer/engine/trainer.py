@@ -382,5 +382,7 @@ class Trainer:
         if self.evaluation is None:
             return None
         self.one_network.agree(self.state.global_step, "eval")
-        return self.evaluation.run(self.engine, self.state.epoch, self.state.global_step, final,
-                                   self.one_network.statistics())
+        results = self.evaluation.run(self.engine, self.state.epoch, self.state.global_step, final,
+                                      self.one_network.statistics())
+        self.record.scored(results)
+        return results
