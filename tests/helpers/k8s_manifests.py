@@ -95,14 +95,17 @@ def pod_templates(document: dict) -> list[dict]:
     return found
 
 
-# The Indexed Job and its elastic form, the PyTorchJob's Master and Worker, the elastic one's Worker.
-TRAINING_POD_TEMPLATES = 5
+# The Indexed Job and its elastic form, the PyTorchJob's Master and Worker, the elastic one's Worker,
+# the TrainJob's runtime's node.
+TRAINING_POD_TEMPLATES = 6
+TRAINING_KINDS = ("PyTorchJob", "ClusterTrainingRuntime")  # beside the training Jobs
 
 
 def training_pods() -> list[dict]:
-    """The pod specs of the training Jobs (fixed and elastic) and of the PyTorchJobs' replicas: the
-    fixed one's Master and Worker, the elastic one's Worker."""
+    """The pod specs of the training Jobs (fixed and elastic), of the PyTorchJobs' replicas (the
+    fixed one's Master and Worker, the elastic one's Worker) and of the TrainJob's runtime."""
     pods = [template["spec"] for _, d in all_documents() if is_training_job(d) for template in pod_templates(d)]
-    pods += [template["spec"] for _, d in all_documents() if d["kind"] == "PyTorchJob" for template in pod_templates(d)]
+    pods += [template["spec"] for _, d in all_documents() if d["kind"] in TRAINING_KINDS
+             for template in pod_templates(d)]
     assert len(pods) == TRAINING_POD_TEMPLATES
     return pods

@@ -15,12 +15,11 @@ import subprocess
 import threading
 
 import pytest
+import trustme
 
 from tests.helpers.crd_schemas import validate_closed, vendored
 from trainer.drills.jobs import REPO, train_command
 from trainer.observability.trainjob_status import CA_ENV, TOKEN_ENV, URL_ENV
-
-trustme = pytest.importorskip("trustme")
 
 pytestmark = pytest.mark.integration
 

@@ -12,10 +12,12 @@ import pytest
 import tomllib
 import yaml
 
+from tests.helpers.crd_schemas import validate_closed, vendored
 from tests.helpers.k8s_manifests import (
     K8S,
     OVERLAYS,
     ROOT,
+    TRAINING_KINDS,
     TRAINING_POD_TEMPLATES,
     all_documents,
     dashboard_queries,
@@ -28,6 +30,8 @@ from trainer.observability.metrics import METRIC_NAMES
 
 KUBERNETES_VERSION = "1.31.0"
 CUSTOM_SCHEMAS = {"PodMonitor": "podmonitor.schema.json", "PyTorchJob": "pytorchjob.schema.json"}
+VENDORED_CRDS = {"TrainJob": "trainer.kubeflow.org_trainjobs.v2.3.0.json",
+                 "ClusterTrainingRuntime": "trainer.kubeflow.org_clustertrainingruntimes.v2.3.0.json"}
 # The oldest driver branch that runs each CUDA major version (NVIDIA's CUDA release notes and its
 # data-center driver support matrix: R580 is the first branch with CUDA 13.x).
 MIN_DRIVER_FOR_CUDA = {13: 580}
@@ -57,7 +61,12 @@ def test_every_manifest_validates():
     for name, document in all_documents():
         kind = document["kind"]
         kinds.add(kind)
-        if kind in CUSTOM_SCHEMAS:
+        if kind in VENDORED_CRDS:  # the real CRD schema, every object closed (tests/helpers/crd_schemas.py)
+            validate_closed(document, vendored(VENDORED_CRDS[kind])["openAPIV3Schema"])
+            for template in pod_templates(document):
+                kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
+                                              "template": template}, KUBERNETES_VERSION, strict=True)
+        elif kind in CUSTOM_SCHEMAS:
             schema = json.loads((K8S / "schemas" / CUSTOM_SCHEMAS[kind]).read_text())
             jsonschema.validate(document, schema)
             for template in pod_templates(document):  # embedded pod templates are a built-in kind
@@ -65,7 +74,8 @@ def test_every_manifest_validates():
                                               "template": template}, KUBERNETES_VERSION, strict=True)
         else:
             kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
-    assert {"Job", "Service", "ConfigMap", "PersistentVolumeClaim", "PodMonitor", "PyTorchJob"} <= kinds
+    assert {"Job", "Service", "ConfigMap", "PersistentVolumeClaim", "PodMonitor", "PyTorchJob", "TrainJob",
+            "ClusterTrainingRuntime"} <= kinds
 
 
 def test_validation_catches_a_broken_manifest():
@@ -272,7 +282,7 @@ def test_gpu_pods_run_only_on_gpu_nodes_whose_driver_runs_the_images_cuda():
     assert cuda_major in MIN_DRIVER_FOR_CUDA, f"the image now uses CUDA {cuda_major}: add its minimum driver here, " \
         "then to the manifests and k8s/README.md"
     driver = MIN_DRIVER_FOR_CUDA[cuda_major]
-    templates = [t for _, d in all_documents() if is_training_job(d) or d["kind"] == "PyTorchJob"
+    templates = [t for _, d in all_documents() if is_training_job(d) or d["kind"] in TRAINING_KINDS
                  for t in pod_templates(d)]
     assert len(templates) == TRAINING_POD_TEMPLATES
     for template in templates:
