@@ -1,18 +1,26 @@
-"""A real Prometheus server scrapes a 2-rank CPU training run and answers every query of the Grafana
-dashboard with data.
+"""A real Prometheus server scrapes a 2-rank CPU training run and, beside it, a fixture in NVIDIA's DCGM
+exporter's exposition format (tests/fixtures/dcgm_exporter.prom), and answers every query of the
+Grafana dashboard with data: the DCGM panels find the GPUs of the job's pod by the labels the exporter
+carries under a PodMonitor or ServiceMonitor scrape (its own pod and namespace arrive as
+``exported_pod`` and ``exported_namespace``, the scrape's target taking ``pod`` and ``namespace``).
 
 Needs Debian's `prometheus` binary; `make test` installs it (apt) when it is missing.
 """
 
+import functools
+import http.server
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +29,28 @@ from tests.helpers.training import FAST, REPO, train_command
 from trainer.parallel.launch import free_port
 
 pytestmark = pytest.mark.integration
+
+DCGM_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm_exporter.prom"
+JOB_POD = {"pod": "instcls-train-0-x7k2p", "namespace": "ml"}  # the pod the fixture's GPUs belong to
+
+
+class _Exporter(http.server.BaseHTTPRequestHandler):
+    def do_GET(self, text: bytes = b"") -> None:  # noqa: N802 (http.server's name)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.end_headers()
+        self.wfile.write(text)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def serve_dcgm_fixture() -> http.server.ThreadingHTTPServer:
+    handler = type("DcgmExporter", (_Exporter,), {"do_GET": functools.partialmethod(
+        _Exporter.do_GET, text=DCGM_FIXTURE.read_bytes())})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
 
 
 def query(port: int, promql: str) -> list[dict]:
@@ -46,11 +76,17 @@ def test_prometheus_scrapes_both_ranks_of_a_training_run(digits_split, tmp_path,
     while prometheus_port in (metrics_port, metrics_port + 1):
         prometheus_port = free_port()
     config = tmp_path / "prometheus.yml"
+    exporter = serve_dcgm_fixture()
+    # Target labels as a PodMonitor's: the rank's pod, and the exporter's own pod (a DaemonSet's)
     config.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         "scrape_configs:\n"
         "  - job_name: instcls\n"
-        f"    static_configs: [{{targets: ['127.0.0.1:{metrics_port}', '127.0.0.1:{metrics_port + 1}']}}]\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{metrics_port}', '127.0.0.1:{metrics_port + 1}'], "
+        f"labels: {json.dumps(JOB_POD)}}}]\n"
+        "  - job_name: dcgm-exporter\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{exporter.server_address[1]}'], "
+        "labels: {pod: nvidia-dcgm-exporter-5xq9z, namespace: gpu-operator}}]\n"
     )
     server = subprocess.Popen([prometheus_binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                                f"--web.listen-address=127.0.0.1:{prometheus_port}"],
@@ -84,8 +120,20 @@ def test_prometheus_scrapes_both_ranks_of_a_training_run(digits_split, tmp_path,
         assert quantile and float(quantile[0]["value"][1]) > 0, quantile
         phases = {s["metric"]["phase"] for s in query(prometheus_port, "instcls_step_phase_seconds_total > 0")}
         assert {"forward", "objective", "backward", "optimizer"} <= phases, phases
+        # the DCGM panels: the fixture's two GPUs, matched to the job's pod, averaged or summed
+        dcgm = {promql: series for promql, series in answers.items() if "DCGM_" in promql}
+        assert len(dcgm) == 4, list(dcgm)
+        for series in dcgm.values():
+            assert [s["metric"] for s in series] == [{"pod": JOB_POD["pod"]}], series
+        values = {re.search(r"DCGM_[A-Z_]+", promql).group(): float(series[0]["value"][1])
+                  for promql, series in dcgm.items()}
+        assert values == {"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": pytest.approx(0.40),
+                          "DCGM_FI_PROF_GR_ENGINE_ACTIVE": pytest.approx(0.92),
+                          "DCGM_FI_DEV_FB_USED": (61234 + 60987) * 2**20,
+                          "DCGM_FI_DEV_POWER_USAGE": pytest.approx(1210.75)}, values
     finally:
         training.send_signal(signal.SIGTERM)
         training.wait(timeout=120)
         server.terminate()
         server.wait(timeout=30)
+        exporter.shutdown()
