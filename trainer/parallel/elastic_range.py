@@ -7,17 +7,9 @@ from __future__ import annotations
 
 import os
 
+from trainer.parallel.torchrun_arguments import option_value
+
 WORLD_SIZES_ENV = "INSTCLS_WORLD_SIZES"
-
-
-def _value(arguments: list[str], *names: str) -> str | None:
-    """The last value of any of ``names`` among torchrun's ``arguments`` (``--x V`` or ``--x=V``)."""
-    found = None
-    for index, argument in enumerate(arguments):
-        flag, _, inline = argument.partition("=")
-        if flag in names:
-            found = inline if inline else (arguments[index + 1] if index + 1 < len(arguments) else None)
-    return found
 
 
 def world_sizes_of_launch(torchrun_args: list[str], environ=os.environ) -> tuple[int, ...] | None:
@@ -25,8 +17,8 @@ def world_sizes_of_launch(torchrun_args: list[str], environ=os.environ) -> tuple
     ``PET_NNODES`` and ``PET_NPROC_PER_NODE``, which Kubeflow's operator sets instead); None when
     the launch is not elastic, or its per-node count is not a number (``gpu``, ``auto``: the ranks
     count then)."""
-    nnodes = _value(torchrun_args, "--nnodes") or environ.get("PET_NNODES")
-    per_node = _value(torchrun_args, "--nproc-per-node", "--nproc_per_node") or environ.get("PET_NPROC_PER_NODE")
+    nnodes = option_value(torchrun_args, "--nnodes") or environ.get("PET_NNODES")
+    per_node = option_value(torchrun_args, "--nproc-per-node", "--nproc_per_node") or environ.get("PET_NPROC_PER_NODE")
     if nnodes is None or ":" not in nnodes or per_node is None or not per_node.isdigit():
         return None
     low, high = (int(part) for part in nnodes.split(":", 1))

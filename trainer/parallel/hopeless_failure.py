@@ -14,30 +14,23 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 from trainer.exit_codes import PERMANENT, ExitCode, first_failure, reported_exit_codes
+from trainer.parallel.background_watch import BackgroundWatch
 
 
-class HopelessFailureWatch:
+class HopelessFailureWatch(BackgroundWatch):
     """While the block runs, watch ``reports`` every ``every_s`` seconds; ``stopped_for``: the code that
     made it stop ``child`` (None: it did not)."""
 
+    thread_name = "hopeless-failure-watch"
+
     def __init__(self, reports: Path, child: subprocess.Popen, every_s: float = 0.1, write=None) -> None:
+        super().__init__()
         self.reports, self.child, self.every_s = reports, child, every_s
         self.write = write or (lambda line: print(line, file=sys.stderr, flush=True))
         self.stopped_for: int | None = None
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="hopeless-failure-watch", daemon=True)
-
-    def __enter__(self) -> HopelessFailureWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._done.set()
-        self._thread.join()
 
     def _watch(self) -> None:
         while not self._done.wait(self.every_s):

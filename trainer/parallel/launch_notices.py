@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import threading
 import time
 from pathlib import Path
 
 from trainer.exit_codes import any_rank_started, first_failure
+from trainer.parallel.background_watch import BackgroundWatch
 
 NOTICE_ENV = "INSTCLS_RENDEZVOUS_NOTICE_S"  # seconds between "still waiting" lines (default 30)
 
@@ -35,23 +35,16 @@ def rendezvous_description(torchrun_args: list[str]) -> str:
             f"same rendezvous, or fix --nnodes; torchrun gives up after join_timeout={timeout} s")
 
 
-class RendezvousNotice:
+class RendezvousNotice(BackgroundWatch):
     """Prints a line every ``every_s`` seconds until a worker of this node has started."""
 
+    thread_name = "rendezvous-notice"
+
     def __init__(self, reports: Path, description: str, every_s: float | None = None, write=None) -> None:
+        super().__init__()
         self.reports, self.description = reports, description
         self.every_s = float(os.environ.get(NOTICE_ENV, "30")) if every_s is None else every_s
         self.write = write or (lambda line: print(line, file=sys.stderr, flush=True))
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="rendezvous-notice", daemon=True)
-
-    def __enter__(self) -> RendezvousNotice:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._done.set()
-        self._thread.join()
 
     def _watch(self) -> None:
         started = time.monotonic()

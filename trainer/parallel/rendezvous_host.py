@@ -12,36 +12,21 @@ flag is merged into that one (the overlays' ``join_timeout`` and ``last_call_tim
 
 from __future__ import annotations
 
+from trainer.parallel.torchrun_arguments import option_value, options_end
+
 CONF_FLAGS = ("--rdzv-conf", "--rdzv_conf")
-
-
-def _options_end(arguments: list[str]) -> int:
-    """Where torchrun's own options end: at ``-m MODULE`` or the script."""
-    for index, argument in enumerate(arguments):
-        if argument in ("-m", "--module") or argument.endswith(".py"):
-            return index
-    return len(arguments)
-
-
-def _option(options: list[str], *names: str) -> str | None:
-    found = None
-    for index, argument in enumerate(options):
-        flag, equals, inline = argument.partition("=")
-        if flag in names:
-            found = inline if equals else (options[index + 1] if index + 1 < len(options) else None)
-    return found
 
 
 def with_rendezvous_host(torchrun_args: list[str]) -> list[str]:
     """``torchrun_args`` with ``is_host`` set in one ``--rdzv-conf`` where the rendezvous is c10d and
     ``--node-rank`` gives the pod's index; unchanged otherwise, or where the conf already says."""
-    end = _options_end(torchrun_args)
+    end = options_end(torchrun_args)
     options, rest = list(torchrun_args[:end]), list(torchrun_args[end:])
-    backend = _option(options, "--rdzv-backend", "--rdzv_backend")
-    node_rank = _option(options, "--node-rank", "--node_rank")
+    backend = option_value(options, "--rdzv-backend", "--rdzv_backend")
+    node_rank = option_value(options, "--node-rank", "--node_rank")
     if backend != "c10d" or node_rank is None or not node_rank.isdigit():
         return list(torchrun_args)
-    conf = _option(options, *CONF_FLAGS) or ""
+    conf = option_value(options, *CONF_FLAGS) or ""
     entries = [entry for entry in conf.split(",") if entry.strip()]
     if any(entry.split("=", 1)[0].strip() == "is_host" for entry in entries):
         return list(torchrun_args)
