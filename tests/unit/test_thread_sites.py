@@ -20,7 +20,10 @@ CPU_ONLY = {
     ("data_pipeline/loading/sample_reader.py", "StepReader._map"): "os.pread of shard bytes and image headers",
     ("trainer/observability/exporter.py", "serve_bounded"): "serves the Prometheus registry's host-side values",
     ("trainer/parallel/launch.py", "launch"): "copies torchrun's stderr in the launcher, which never starts CUDA",
-    ("trainer/parallel/launch_notices.py", "RendezvousNotice.__init__"): "prints a notice in the launcher",
+    ("trainer/parallel/background_watch.py", "BackgroundWatch.__init__"):
+        "the launcher's watches of its ranks' exit reports; the launcher never starts CUDA",
+    ("trainer/observability/trainjob_status.py", "TrainJobStatusReporter.__init__"):
+        "POSTs JSON progress reports to the TrainJob's status endpoint",
     ("trainer/rehearsal/processes.py", "RankMemoryWatch.__enter__"): "reads the ranks' RSS from /proc",
     ("trainer/bench/point_failure.py", "PointFailure.__init__"): "polls the job's TCP store",
     ("trainer/bench/pic_bench.py", "_AnonPeak.__init__"): "reads this process's RSS from /proc",
