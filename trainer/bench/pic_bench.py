@@ -33,10 +33,10 @@ from typing import Literal
 import numpy as np
 import torch
 
+from trainer.bench.dataset_sizes import IMAGENET_1K, IMAGENET_21K
 from trainer.observability.memory import status_field_bytes
 
 GIB, MIB = 2**30, 2**20
-IMAGENET_1K, IMAGENET_21K = 1_281_167, 14_197_087
 
 
 @dataclass(frozen=True)

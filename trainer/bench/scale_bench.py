@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from trainer.bench import scale_items as items
+from trainer.bench.dataset_sizes import IMAGENET_1K, IMAGENET_21K
 from trainer.observability.memory import peak_since, reset_peak, status_field_bytes
 
 MIB = 2**20
@@ -31,7 +32,7 @@ PER_PROCESS, PER_EPOCH, PER_STEP, PER_RESUME, PER_INGEST = "process start", "epo
 @dataclass(frozen=True)
 class ScaleBenchSettings:
     """Attributes:
-    num_samples: N, instances of the data set (ImageNet-21K: 14,197,087).
+    num_samples: N, instances of the data set (ImageNet-21K: 14,197,122, ``dataset_sizes``).
     compare_samples: a smaller N measured beside it (ImageNet-1K: 1,281,167), for the growth column.
     ranks: T, ranks of the job the per-rank figures are for.
     batch: images per rank per step.
@@ -44,8 +45,8 @@ class ScaleBenchSettings:
     work_dir: where the synthetic table and checkpoint files go (default: a temporary directory).
     """
 
-    num_samples: int = 14_197_087
-    compare_samples: int = 1_281_167
+    num_samples: int = IMAGENET_21K
+    compare_samples: int = IMAGENET_1K
     ranks: int = 64
     batch: int = 64
     new_ranks: int = 48

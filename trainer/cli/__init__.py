@@ -16,8 +16,8 @@
     instcls bench data [--shards DIR --batch B --threads T --views V ...]
     instcls bench ddp-vs-dhp --ranks T --cap-gib C [--out DIR ...]
     instcls bench exporter [--scrapers 50 --seconds 10 --rounds 3]
-    instcls bench pic [--sizes 1281167,14197087,max --store disk --store-dir DIR --cap-gib 16 ...]
-    instcls bench scale [--num-samples 14197087 --ranks 64 ...]   (one epoch's bookkeeping, no images)
+    instcls bench pic [--sizes 1281167,14197122,max --store disk --store-dir DIR --cap-gib 16 ...]
+    instcls bench scale [--num-samples 14197122 --ranks 64 ...]   (one epoch's bookkeeping, no images)
     instcls bench ingest [--images 2000 --workers 1,2 ...]   (make-shards images/s per core)
     instcls bench step --config FILE [--ranks 2 --steps 20 --shards DIR --loader-only]   (the whole step by phase)
     instcls plan --num-classes N --ranks T --batch B [--backbone resnet50 --gpu-memory-gib 32 ...]
