@@ -28,6 +28,8 @@ import urllib.request
 from pathlib import Path
 from typing import Callable
 
+from trainer.observability.progress import RunPace
+
 URL_ENV = "KUBEFLOW_TRAINER_SERVER_URL"
 CA_ENV = "KUBEFLOW_TRAINER_SERVER_CA_CERT"
 TOKEN_ENV = "KUBEFLOW_TRAINER_SERVER_TOKEN"
@@ -52,10 +54,9 @@ class TrainJobStatusReporter:
                  warn: Callable[[str], None], clock: Callable[[], float] = time.monotonic,
                  timeout_s: float = 10) -> None:
         self.url, self.ca_file, self.token_file = url, ca_file, token_file
-        self.last_step, self.every_s, self.warn, self.clock, self.timeout_s = last_step, every_s, warn, clock, timeout_s
+        self.last_step, self.warn, self.timeout_s = last_step, warn, timeout_s
+        self.pace = RunPace(last_step, every_s, clock)
         self.sent = self.failed = 0
-        self._start: tuple[float, int] | None = None
-        self._last_report: float | None = None
         self._pending: dict | None = None
         self._closing = False
         self._wake = threading.Condition()
@@ -76,19 +77,12 @@ class TrainJobStatusReporter:
 
     def log_step(self, step: int, metrics: dict[str, float]) -> None:
         """A log step's figures; reported if ``every_s`` has passed since the last report."""
-        now = self.clock()
-        if self._start is None:
-            self._start = (now, step - 1)
-        if self._last_report is not None and now - self._last_report < self.every_s:
-            return
-        self._last_report = now
-        self._queue(step, metrics, now)
+        now = self.pace.due(step)
+        if now is not None:
+            self._queue(step, metrics, now)
 
     def _queue(self, step: int, metrics: dict[str, float], now: float) -> None:
-        start_time, start_step = self._start or (now, step)
-        remaining = None
-        if step > start_step and now > start_time:
-            remaining = (now - start_time) / (step - start_step) * max(self.last_step - step, 0)
+        remaining = self.pace.remaining_seconds(now, step)
         body = status_request(step / self.last_step if self.last_step else 1.0, remaining, metrics,
                               datetime.datetime.now(datetime.timezone.utc))
         with self._wake:
@@ -98,7 +92,7 @@ class TrainJobStatusReporter:
     def close(self, step: int | None = None, metrics: dict[str, float] | None = None) -> None:
         """Send the final figures (``step``: where the run ended) and stop the thread."""
         if step is not None:
-            self._queue(step, metrics or {}, self.clock())
+            self._queue(step, metrics or {}, self.pace.clock())
         with self._wake:
             self._closing = True
             self._wake.notify()
