@@ -224,9 +224,14 @@ class CheckpointSection:
     keep: int | None = None
 
     def __post_init__(self) -> None:
-        if self.every_epochs < 0 or self.every_steps < 0:
-            raise ConfigError("checkpoint.every_epochs/every_steps must be >= 0")
+        for name in ("every_epochs", "every_steps"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"checkpoint.{name}={getattr(self, name)} is invalid: use 0 (off) or a positive "
+                                  "interval")
         if self.keep is not None:
+            if self.keep < 1:
+                raise ConfigError(f"checkpoint.keep={self.keep} is invalid: keep is the former name of keep_last; "
+                                  "use checkpoint.keep_last >= 1")
             if self.keep_last not in (CheckpointSection.keep_last, self.keep):
                 raise ConfigError(f"checkpoint.keep={self.keep} and checkpoint.keep_last={self.keep_last} disagree: "
                                   "keep is the former name of keep_last; give only keep_last")
@@ -276,7 +281,7 @@ class LoggingSection:
         if not isinstance(self.trainjob_status, bool):
             raise ConfigError(f"logging.trainjob_status={self.trainjob_status!r} is invalid: use true or false")
         if self.log_every < 1:
-            raise ConfigError("logging.log_every must be >= 1")
+            raise ConfigError(f"logging.log_every={self.log_every} is invalid: use a number of steps >= 1")
         if not isinstance(self.tensorboard, bool):
             raise ConfigError(f"logging.tensorboard={self.tensorboard!r} is invalid: use true or false")
         if self.tensorboard and (missing := tensorboard_missing()) is not None:
@@ -322,6 +327,9 @@ class JobConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed={self.seed!r} is invalid: use a non-negative integer")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ConfigError(f"max_steps={self.max_steps!r} is invalid: use a number of steps >= 1, or leave it unset "
+                              "(null) to train for optim.epochs")
         if self.data.loader.seed is None:  # one seed: the data order and the views follow the weights' seed
             object.__setattr__(self, "data", replace(self.data, loader=replace(self.data.loader, seed=self.seed)))
 

@@ -67,7 +67,9 @@ def _coerce(hint, value, where: str):
                 return _coerce(option, value, where)
             except ConfigError:
                 continue
-        raise ConfigError(f"{where}={value!r} is invalid: expected {hint}")
+        kinds = " or ".join(_KINDS.get(option, str(option)) for option in options if option is not type(None))
+        unset = ", or null to leave it unset" if type(None) in options else ""
+        raise ConfigError(f"{where}={value!r} is invalid: expected {kinds}{unset}")
     if origin is tuple and typing.get_args(hint)[1:] == (Ellipsis,):  # tuple[float, ...]: any length
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where}={value!r} is invalid: expected a list")
@@ -104,6 +106,10 @@ def _coerce(hint, value, where: str):
             raise ConfigError(f"{where}={value!r} is invalid: expected a string")
         return value
     return value
+
+
+# What a value of each plain type is written as, for the messages.
+_KINDS = {Path: "a path", bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
 def _join(where: str, key: str) -> str:

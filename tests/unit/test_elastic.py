@@ -53,3 +53,17 @@ def test_only_the_tail_of_a_long_log_is_read(tmp_path):
     path = tmp_path / "rank-00000.jsonl"
     _write_log(path, filler + [{"time": 1.5, "event": "message", "pad": "y" * 200}] * (TAIL_BYTES // 200) + late)
     assert last_logged_step(tmp_path) == (4, 2.0)  # the early record is beyond the tail
+
+
+def test_a_batch_changed_on_the_same_ranks_is_refused_not_replaced():
+    """On the checkpoint's own world size a new data.loader.batch_size is the user's change of batch:
+    it used to be replaced in silence by the checkpoint's; a change of world size still splits it."""
+    with pytest.raises(GlobalBatchError, match=r"data.loader.batch_size=32 \(a global batch of 64\).*these same 2 "
+                                               r"ranks with a global batch of 128.*Set data.loader.batch_size=64 "
+                                               r"to resume, or start a new run"):
+        split_global_batch(32, 2, saved_global_batch=128, saved_world_size=2)
+    assert split_global_batch(32, 4, saved_global_batch=128, saved_world_size=2).per_rank == 32  # elastic: kept
+    # An elastic range fixes the batch at its largest size: 5 of 8 ranks split the same 8 x 16.
+    assert split_global_batch(16, 5, saved_global_batch=80, saved_world_size=5, largest_world_size=5).per_rank == 16
+    with pytest.raises(GlobalBatchError, match=r"Set data.loader.batch_size=16 to resume"):
+        split_global_batch(8, 4, saved_global_batch=128, saved_world_size=4, largest_world_size=8)

@@ -265,3 +265,25 @@ def test_a_gpu_plan_without_a_term_runs_the_fused_kernels_and_holds_no_logits():
         chunked = objective_breakdown(chunked_plan)
         assert not chunked_plan.fused and chunked["fused kernel buffers"] == 0
         assert chunked["logits/activations (chunk workspace)"] > 10 * fused["fused kernel buffers"]
+
+
+def test_plan_flags_with_a_config_are_applied_as_its_overrides_or_refused(tmp_path, capsys):
+    """With --config a job flag used to be ignored in silence (the config's batch was planned); now it
+    is the override it stands for, printed, and gives the same plan as that override; a flag no one
+    override says is refused naming what to give; --set needs a config."""
+    from trainer.cli import main
+
+    config = str(Path(__file__).resolve().parents[2] / "configs/in1k_r50_64gpu.yaml")
+    common = ["--config", config, "--ranks", "64", "--num-classes", "1281167"]
+    shipped = planned(tmp_path, *common)["dhp"]
+    by_flags = planned(tmp_path, *common, "--batch", "8192", "--dim", "256")["dhp"]
+    assert "with --set data.loader.batch_size=128 --set model.feature_dim=256" in capsys.readouterr().out
+    by_set = planned(tmp_path, *common, "--set", "data.loader.batch_size=128", "--set", "model.feature_dim=256")["dhp"]
+    assert by_flags == by_set != shipped
+    assert by_flags["breakdown"]["classifier weights"] == 2 * shipped["breakdown"]["classifier weights"]  # D doubled
+    for flags, fix in [(["--zero-stage", "2"], "--set deepspeed_config="), (["--co2"], "--set objective.co2_alpha="),
+                       (["--batch", "100"], "64 ranks do not divide it")]:
+        with pytest.raises(SystemExit, match=re.escape(fix)):
+            main(["plan", *common, *flags])
+    with pytest.raises(SystemExit, match="give the config with --config FILE"):
+        main(["plan", "--num-classes", "1000", "--ranks", "2", "--set", "optim.epochs=3"])

@@ -27,6 +27,7 @@ def _positive_float(text: str) -> float:
 
 def register(commands) -> None:
     from trainer.bench.step_runner import FLOAT_DTYPES
+    from trainer.cli.plan_job_flags import default_help
     from trainer.models import backbone_names
     from trainer.optim import optimizer_names
 
@@ -37,27 +38,30 @@ def register(commands) -> None:
                              "DeepSpeed config, loader); N from its training shards unless --num-classes is given")
     parser.add_argument("--num-classes", type=_at_least(1), help="N (required without --config)")
     parser.add_argument("--ranks", type=_at_least(1), required=True, help="GPUs (T)")
-    parser.add_argument("--batch", type=_at_least(1), default=4096, help="global images per step")
-    parser.add_argument("--views", type=_at_least(1), default=2)
-    parser.add_argument("--dim", type=_at_least(1), default=128)
-    parser.add_argument("--chunk-size", type=_at_least(1), default=65536)
-    parser.add_argument("--logits-cache-gib", type=_at_least(0.0, float), default=0.0,
-                        help="classifier.logits_cache_bytes in GiB: keep the logits for the backward if they fit")
-    parser.add_argument("--dtype", default="float32", choices=FLOAT_DTYPES)
-    parser.add_argument("--backbone", default="resnet50", choices=[*backbone_names(), "none"],
-                        help="counted by default; 'none' plans the classifier alone")
-    parser.add_argument("--image-size", type=_at_least(1), default=224)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="with --config: override a value of the job config (repeatable), as `instcls train` "
+                        "does; the job flags below are applied as the override each stands for, and printed")
+    parser.add_argument("--batch", type=_at_least(1), help="global images per step" + default_help("batch"))
+    parser.add_argument("--views", type=_at_least(1), help="views per image" + default_help("views"))
+    parser.add_argument("--dim", type=_at_least(1), help="D, the feature width" + default_help("dim"))
+    parser.add_argument("--chunk-size", type=_at_least(1), help="classes per chunk" + default_help("chunk_size"))
+    parser.add_argument("--logits-cache-gib", type=_at_least(0.0, float),
+                        help="objective.logits_cache_bytes in GiB: keep the logits for the backward if they fit"
+                        + default_help("logits_cache_gib"))
+    parser.add_argument("--dtype", choices=FLOAT_DTYPES, help="the classifier's dtype" + default_help("dtype"))
+    parser.add_argument("--backbone", choices=[*backbone_names(), "none"],
+                        help="counted by default; 'none' plans the classifier alone" + default_help("backbone"))
+    parser.add_argument("--image-size", type=_at_least(1), help="the views' side" + default_help("image_size"))
     parser.add_argument("--patch-size", type=_at_least(1),
                         help="ViTs: model.patch_size (default: the name's); the ViT is laid out for --image-size")
-    parser.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2, 3],
+    parser.add_argument("--zero-stage", type=int, choices=[0, 1, 2, 3],
                         help="the stage the breakdown is printed at (every stage is planned, the lowest that fits "
-                        "is recommended)")
+                        "is recommended)" + default_help("zero_stage"))
     parser.add_argument("--optimizer", choices=optimizer_names(),
                         help="the backbone's optimizer, whose state per parameter is planned (default: the config's "
                         "optim.name, else sgd)")
     parser.add_argument("--activation-checkpointing", action="store_true",
-                        help="each residual unit keeps only its input, recomputed in the backward (with --config: "
-                        "as if model.activation_checkpointing were true)")
+                        help="each residual unit keeps only its input, recomputed in the backward")
     parser.add_argument("--deepspeed-config", type=Path,
                         help="read the ZeRO stage, its bucket sizes and bf16 from this file (ds_configs/*.json)")
     parser.add_argument("--no-dali", action="store_true", help="the loader decodes on the CPU (no DALI buffers)")
@@ -68,14 +72,18 @@ def register(commands) -> None:
     parser.add_argument("--cpu", action="store_true",
                         help="plan CPU ranks: no CUDA context / NCCL buffers; the runtime's own memory (measured in a "
                         "fresh process: seconds) and the host copies background checkpoints keep")
-    parser.add_argument("--queue", type=_at_least(0), default=65536, help="PIC: K recent ids scored besides the batch")
-    parser.add_argument("--row-store", default="host", choices=["device", "host", "disk"],
-                        help="PIC: where W and its momentum live (device counts them in device memory)")
+    parser.add_argument("--queue", type=_at_least(0),
+                        help="PIC: K recent ids scored besides the batch" + default_help("queue"))
+    parser.add_argument("--row-store", choices=["device", "host", "disk"],
+                        help="PIC: where W and its momentum live (device counts them in device memory)"
+                        + default_help("row_store"))
     parser.add_argument("--co2", action="store_true", help="add CO2's consistency term (co2_alpha > 0)")
-    parser.add_argument("--kernel", default="auto", choices=["auto", "chunked", "fused"],
-                        help="the classifier's path (auto: the fused Triton kernels on GPUs without CO2)")
-    parser.add_argument("--top-k", type=_at_least(0), default=0,
-                        help="hard negatives per sample with top-K smoothing (0: none): the fused path's target rows")
+    parser.add_argument("--kernel", choices=["auto", "chunked", "fused"],
+                        help="the classifier's path (auto: the fused Triton kernels on GPUs without CO2)"
+                        + default_help("kernel"))
+    parser.add_argument("--top-k", type=_at_least(0),
+                        help="hard negatives per sample with top-K smoothing (0: none): the fused path's target rows"
+                        + default_help("top_k"))
     parser.add_argument("--json", type=Path, help="also write the plan (bytes per term, per mode; every ZeRO stage's "
                         "total and the stage recommended) to this JSON file")
     parser.set_defaults(handler=_run_plan)
@@ -84,27 +92,30 @@ def register(commands) -> None:
 def _run_plan(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    from trainer.cli.plan_job_flags import config_overrides, fill_defaults
     from trainer.engine.deepspeed_setup import load_deepspeed_config
     from trainer.objectives import NoMemoryPlan
     from trainer.planning import GIB, PlanInput, deepspeed_settings, format_plan, plan_modes
 
+    config = None
     if args.config is not None:
         from trainer.config import load_job_config
         from trainer.planning.plan_from_config import plan_input_from_config
 
+        overrides = [*args.overrides, *config_overrides(args)]
+        config = load_job_config(args.config, overrides)
+        if overrides:
+            print(f"config: {args.config} with " + " ".join(f"--set {override}" for override in overrides) + "\n")
         try:
-            plan = plan_input_from_config(load_job_config(args.config, []), args.ranks, args.num_classes)
+            plan = plan_input_from_config(config, args.ranks, args.num_classes)
         except NoMemoryPlan as error:
             raise SystemExit(f"instcls plan: {error}") from None
-        if args.cpu:
-            plan = replace(plan, device="cpu")
-        if args.optimizer is not None:
-            plan = replace(plan, optimizer=args.optimizer)
-        if args.activation_checkpointing:
-            plan = replace(plan, activation_checkpointing=True)
+    elif args.overrides:
+        raise SystemExit("instcls plan: --set overrides a job config's values: give the config with --config FILE")
     elif args.num_classes is None:
         raise SystemExit("instcls plan: give --num-classes N, or --config FILE to plan the job a config describes")
     else:
+        fill_defaults(args)
         from trainer.models.backbones import get_backbone
 
         takes_sizes = args.backbone != "none" and "img_size" in get_backbone(args.backbone).options
@@ -119,7 +130,7 @@ def _run_plan(args: argparse.Namespace) -> int:
             row_store=args.row_store, co2=args.co2, dali=not args.no_dali, kernel=args.kernel,
             targets=1 + args.top_k, checkpoints=True,
         )
-    if args.deepspeed_config is not None:
+    if config is None and args.deepspeed_config is not None:
         import ds_configs
 
         ds_file = ds_configs.resolve(args.deepspeed_config)  # a shipped name, or a path from here
@@ -130,12 +141,10 @@ def _run_plan(args: argparse.Namespace) -> int:
         plan = replace(plan, runtime_bytes=runtime_rss_bytes(plan.dali))
     capacity = int(args.gpu_memory_gib * GIB)
     print(format_plan(plan, capacity))
-    if args.config is not None:  # the end-of-run evaluation at the job's N
-        from trainer.config import load_job_config
+    if config is not None:  # the end-of-run evaluation at the job's N
         from trainer.planning.evaluation_plan import evaluation_plan_lines
         from trainer.planning.plan_from_config import num_instances_of
 
-        config = load_job_config(args.config, [])
         try:
             bank_rows = num_instances_of(config, args.num_classes)
         except ValueError:  # N is not needed for the training plan of every objective

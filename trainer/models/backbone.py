@@ -112,8 +112,9 @@ class ModelConfig:
                              f"image's channels before the trunk)")
         if self.head not in HEADS:
             raise ValueError(f"head={self.head!r} is invalid: choose one of {HEADS}")
-        if self.head_hidden_dim < 1 or self.feature_dim < 1:
-            raise ValueError("head_hidden_dim and feature_dim must be positive")
+        for name in ("head_hidden_dim", "feature_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} is invalid: use a width >= 1")
         if not isinstance(self.activation_checkpointing, bool):
             raise ValueError(f"activation_checkpointing={self.activation_checkpointing!r} is invalid: use true "
                              "(recompute each residual unit in the backward) or false")
