@@ -37,7 +37,8 @@ test: $(INSTALLED) prometheus lint
 test-unit: $(INSTALLED) lint
 	$(BIN)/python -m pytest -m "not integration and not slow and not gpu" --durations=10
 
-# pyflakes, pycodestyle errors and import order over the whole tree ([tool.ruff] in pyproject.toml).
+# pyflakes, pycodestyle errors, import order, flake8-bugbear, flake8-pytest-style and flake8-simplify over the
+# whole tree ([tool.ruff] in pyproject.toml; the rules it leaves out are named there with why).
 lint: $(INSTALLED)
 	$(BIN)/ruff check .
 

@@ -63,10 +63,7 @@ def _check_against_reference(classifier_parallel_size):
         _, grad_x, grad_w = reference_grads(features_all, full_weight, ids_all, hard_all, alpha, TAU, form)
         # Backbone gradients are averaged over all ranks afterwards (or, with averaged=False in
         # DHP, summed over one classifier group's loss); see ClassifierConfig.backbone_grads_averaged.
-        if mode == "ddp" or averaged:
-            feature_scale = world
-        else:
-            feature_scale = dims.num_classifier_replicas
+        feature_scale = world if mode == "ddp" or averaged else dims.num_classifier_replicas
         rows = slice(classifier.class_start, classifier.class_start + classifier.num_classes_local)
         torch.testing.assert_close(loss.double(), expected_loss, atol=1e-5, rtol=0, msg=f"loss, {label}")
         torch.testing.assert_close(
@@ -134,25 +131,17 @@ def _bad_ids_on_one_rank():
     dims = init_distributed()
     classifier = ShardedCosineClassifier(ClassifierConfig(num_classes=NUM_CLASSES, feature_dim=DIM), dims)
     ids = torch.arange(LOCAL_BATCH) + (NUM_CLASSES if dims.rank == 1 else 0)
-    try:
+    expected = "instance_ids contains 37" if dims.rank == 1 else r"invalid classifier input on rank\(s\) \[1\]"
+    with pytest.raises(ClassifierInputError, match=expected):
         classifier(torch.randn(LOCAL_BATCH, DIM), ids)
-    except ClassifierInputError as error:
-        expected = "instance_ids contains 37" if dims.rank == 1 else r"invalid classifier input on rank\(s\) \[1\]"
-        assert __import__("re").search(expected, str(error)), str(error)
-    else:
-        raise AssertionError(f"rank {dims.rank} accepted a batch with an out-of-range id")
 
 
 def _uneven_batches():
     dims = init_distributed()
     classifier = ShardedCosineClassifier(ClassifierConfig(num_classes=NUM_CLASSES, feature_dim=DIM), dims)
     batch = LOCAL_BATCH + dims.rank
-    try:
+    with pytest.raises(ClassifierInputError, match=r"local batch sizes differ across ranks \(8 to 9\)"):
         classifier(torch.randn(batch, DIM), torch.arange(batch))
-    except ClassifierInputError as error:
-        assert "local batch sizes differ across ranks (8 to 9)" in str(error), str(error)
-    else:
-        raise AssertionError("uneven local batches were accepted")
 
 
 @pytest.mark.parametrize("worker", [_bad_ids_on_one_rank, _uneven_batches])

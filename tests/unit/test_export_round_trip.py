@@ -154,8 +154,9 @@ def test_the_cards_snippet_gives_instcls_features_without_instcls(name, round_tr
         torch.testing.assert_close(features, expected, rtol=1e-5, atol=1e-5)
         with safe_open(export / "model.safetensors", "pt") as weights:
             assert weights.metadata() == {"format": "pt"}
-            assert all(weights.get_tensor(key).dtype in (torch.float32, torch.int64) for key in weights.keys())
-            assert not any(key.startswith(("backbone.", "head.", "fc.")) for key in weights.keys())
+            names = weights.keys()  # a safetensors file is not iterable: its keys() lists the tensors
+            assert all(weights.get_tensor(key).dtype in (torch.float32, torch.int64) for key in names)
+            assert not any(key.startswith(("backbone.", "head.", "fc.")) for key in names)
 
 
 @pytest.mark.integration  # the module's exports and one interpreter running their snippets: ~30 s

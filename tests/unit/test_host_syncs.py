@@ -44,12 +44,10 @@ def test_planted_host_syncs_are_each_found_with_their_line():
 ])
 def test_a_value_the_host_must_wait_for_is_recorded_before_fake_tensors_refuse_it(read, kind, op):
     """Fake tensors have no values: reading one (or an output sized by them) raises after the record."""
-    with pytest.raises((DataDependentOutputException, DynamicOutputShapeException)):
-        with FakeTensorMode(), HostSyncRecorder() as recorder:
-            try:
-                read(torch.randn(4, device=CUDA))
-            finally:
-                syncs = list(recorder.syncs)
+    with FakeTensorMode(), HostSyncRecorder() as recorder:
+        with pytest.raises((DataDependentOutputException, DynamicOutputShapeException)):
+            read(torch.randn(4, device=CUDA))
+        syncs = list(recorder.syncs)
     assert [(s.kind, s.op) for s in syncs] == [(kind, op)]
 
 

@@ -59,7 +59,7 @@ BRIEF_QUERIES = {
 def test_every_manifest_validates():
     kinds = set()
     assert {"indexed-job", "pytorchjob", "make-shards"} <= set(OVERLAYS)
-    for name, document in all_documents():
+    for _, document in all_documents():
         kind = document["kind"]
         kinds.add(kind)
         if kind in VENDORED_CRDS:  # the real CRD schema, every object closed (tests/helpers/crd_schemas.py)
@@ -76,11 +76,11 @@ def test_every_manifest_validates():
 def test_validation_catches_a_broken_manifest():
     _, job = next((n, d) for n, d in all_documents() if is_training_job(d))
     job["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = "not-a-port"
-    with pytest.raises(kubernetes_validate.ValidationError):
+    with pytest.raises(kubernetes_validate.ValidationError, match="'not-a-port' is not of type 'integer'"):
         kubernetes_validate.validate(job, KUBERNETES_VERSION, strict=True)
     monitor = next(d for _, d in all_documents() if d["kind"] == "PodMonitor")
     monitor["spec"]["podMetricsEndpoints"][0]["interval"] = "often"  # not a Prometheus duration
-    with pytest.raises(jsonschema.ValidationError):
+    with pytest.raises(jsonschema.ValidationError, match="'often' does not match"):
         validate_closed(monitor, vendored(VENDORED_CRDS["PodMonitor"])["openAPIV3Schema"])
     pytorchjob = next(d for _, d in all_documents() if d["kind"] == "PyTorchJob")
     pytorchjob["spec"]["runPolicy"]["backofLimit"] = 3  # misspelled: an open schema would take it
@@ -201,9 +201,9 @@ def pod_failure_action(policy: dict, container: str, exit_code: int, conditions:
     the first match wins, none matching means Count)."""
     for rule in policy["rules"]:
         codes = rule.get("onExitCodes")
-        if codes and codes.get("containerName", container) == container:
-            if (exit_code in codes["values"]) == (codes["operator"] == "In"):
-                return rule["action"]
+        if (codes and codes.get("containerName", container) == container
+                and (exit_code in codes["values"]) == (codes["operator"] == "In")):
+            return rule["action"]
         patterns = rule.get("onPodConditions", [])
         if any(p["type"] in conditions and p.get("status", "True") == "True" for p in patterns):
             return rule["action"]

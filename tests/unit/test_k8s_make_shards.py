@@ -1,12 +1,11 @@
 """The shard-writing overlay (k8s/overlays/make-shards): an Indexed Job whose completions write the
 parts of one ingest and a Job that merges them, as `kubectl apply -k` would create them."""
 
-import argparse
 import re
 
-import pytest
-
+from data_pipeline.ingest.ingest_state import Part
 from tests.helpers.k8s_manifests import component, pod_templates, rendered
+from trainer.cli import build_parser
 from trainer.exit_codes import ExitCode
 
 INDEX = "$(JOB_COMPLETION_INDEX)"
@@ -56,7 +55,7 @@ def test_every_completion_writes_its_part_of_one_ingest_and_the_merge_waits_for_
     merge_mounts = {m["mountPath"]: m for m in merge_container["volumeMounts"]}
     assert not merge_mounts[target["mountPath"]].get("readOnly")
     assert {v["name"]: v for v in merge_pod["volumes"]}[target["name"]] == volumes[target["name"]]
-    for job_pod, job_container in ((pod, container), (merge_pod, merge_container)):
+    for job_container in (container, merge_container):
         assert job_container["securityContext"]["readOnlyRootFilesystem"]
         writable = {m["mountPath"] for m in job_container["volumeMounts"] if not m.get("readOnly")}
         assert writable == {"/tmp", target["mountPath"]}
@@ -75,23 +74,16 @@ def test_a_preempted_part_resumes_and_bad_input_stops_without_retries():
 
 
 def test_the_shard_writing_pods_run_commands_instcls_accepts():
-    from trainer.cli import build_parser
-
-    waiting = "instcls make-shards --part and merge-shards arrive with the ingest work (branch i31-ingest)"
-    ingest_state = pytest.importorskip("data_pipeline.ingest.ingest_state", reason=waiting)
     parser = build_parser()
-    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-    if "merge-shards" not in commands:
-        pytest.skip(waiting)
     parts, merge = jobs()
     _, container = container_of(parts)
     seen = []
     for index in range(parts["spec"]["completions"]):
         args = [arg.replace(INDEX, str(index)) for arg in container["args"]]
         parsed = parser.parse_args(container["command"][1:] + args)
-        seen.append(ingest_state.Part.parse(parsed.part))
+        seen.append(Part.parse(parsed.part))
         assert re.fullmatch(r"[\w./-]+", str(parsed.out))
-    assert seen == [ingest_state.Part(index, len(seen)) for index in range(len(seen))]
+    assert seen == [Part(index, len(seen)) for index in range(len(seen))]
     _, merge_container = container_of(merge)
     merged = parser.parse_args(merge_container["command"][1:] + merge_container["args"])
     assert merged.handler.__name__ == "_run_merge_shards" and str(merged.out) == str(parsed.out) and merged.wait > 0

@@ -133,7 +133,7 @@ def test_cache_is_used_only_when_it_fits(monkeypatch):
 def test_settings_reject_what_the_kernel_cannot_compute_exactly():
     with pytest.raises(ValueError, match="tau >= 0.02"):
         KernelSettings(temperature=0.01)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="'label_smoothing' is not a valid SmoothingForm"):
         KernelSettings(form="label_smoothing")
 
 

@@ -27,14 +27,15 @@ def test_launch_passes_the_grace_period_minus_a_margin_to_torchrun(monkeypatch):
     class FakeTorchrun:
         def __init__(self, command, env, stderr):
             started.append(command)
-            self.stderr = open(os.devnull, "rb")
+            self.stderr = child_stderr
 
         def wait(self):
             return 0
 
     monkeypatch.setattr(launch_module.subprocess, "Popen", FakeTorchrun)
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
-    assert launch_module.launch(ARGS) == 0
+    with open(os.devnull, "rb") as child_stderr:
+        assert launch_module.launch(ARGS) == 0
     # The forwarding handlers go with torchrun: left behind, they would swallow a later SIGTERM of
     # this process or of anything it forks (a multiprocessing pool's workers then never stop).
     assert {signum: signal.getsignal(signum) for signum in handlers} == handlers

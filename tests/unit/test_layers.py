@@ -121,10 +121,10 @@ def wrong_imports(graph: dict[str, dict[str, int]]) -> list[str]:
             elif LAYERS[mine][0] in LIBRARY_LAYERS and LAYERS[theirs][0] == "data" and target != DATA_CONTRACT:
                 problems.append(f"{where}: the trainer's library layers import the data pipeline through "
                                 f"{DATA_CONTRACT} only")
-            elif LAYERS[mine][0] == LAYERS[theirs][0] == "data":
-                if _data_layer(target) > _data_layer(module) or (
-                        _data_layer(target) == _data_layer(module) == 1 and _data_area(target) != _data_area(module)):
-                    problems.append(f"{where}: {_data_area(module)} may not import {_data_area(target)}")
+            elif LAYERS[mine][0] == LAYERS[theirs][0] == "data" and (
+                    _data_layer(target) > _data_layer(module)
+                    or _data_layer(target) == _data_layer(module) == 1 and _data_area(target) != _data_area(module)):
+                problems.append(f"{where}: {_data_area(module)} may not import {_data_area(target)}")
     return problems
 
 

@@ -51,7 +51,8 @@ def test_every_head_takes_the_steps_torch_sgd_takes_on_cross_entropy():
         optimizer = torch.optim.SGD([{"params": [layer.weight], "weight_decay": 1e-3},
                                      {"params": [layer.bias], "weight_decay": 0.0}], lr=lr, momentum=0.9)
         total = grid.epochs * batches
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * s / total)))
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s, total=total: 0.5 * (1 + math.cos(math.pi * s / total)))
         standardised = (bank.features - bank.features.mean(0)) / bank.features.std(0, unbiased=False)
         for epoch in range(grid.epochs):
             assignment = _batches(bank.ids.numpy(), grid.seed, epoch, batches)

@@ -10,6 +10,7 @@ Outputs in ``--out``: ``points.csv``, ``table.md`` (Table 1), ``memory.png`` (Fi
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -105,10 +106,8 @@ def _point_worker(settings: SweepSettings, mode: str, num_classes: int, result_d
 
 def run_point(settings: SweepSettings, mode: str, num_classes: int, worker=_point_worker) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        try:
+        with contextlib.suppress(Exception):  # a rank killed outright (no result file) counts as a failed point
             spawn_local_workers(worker, settings.ranks, settings, mode, num_classes, tmp)
-        except Exception:  # a rank killed outright (no result file) counts as a failed point
-            pass
         ranks = [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("rank-*.json"))]
     statuses = {r["status"] for r in ranks}
     status = "ok" if statuses == {"ok"} and len(ranks) == settings.ranks else ("oom" if "oom" in statuses else "failed")

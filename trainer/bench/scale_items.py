@@ -154,7 +154,7 @@ def prepare_step_plan(scale: Scale, sampler):
 
     def run():
         for step in steps:
-            sampler.step(1, step).global_valid
+            _ = sampler.step(1, step).global_valid  # the reader sums the step's valid samples
             sampler.step(1, step + 1)
     return run, len(steps)
 

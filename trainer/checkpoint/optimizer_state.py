@@ -83,10 +83,7 @@ def full_optimizer_state(engine, keep: bool = True, host_copy=fresh_host_copy) -
     for name, parameter in engine.module.named_parameters():
         owned = base.state.get(owners.get(parameter, parameter), {})
         for key in element_keys:
-            if _partitioned(parameter):
-                value = safe_get_full_optimizer_state(parameter, key)
-            else:
-                value = owned.get(key)
+            value = safe_get_full_optimizer_state(parameter, key) if _partitioned(parameter) else owned.get(key)
             if value is not None and keep:
                 state.setdefault(name, {})[key] = host_copy(f"{name}/{key}", value)
         for key in scalar_keys:

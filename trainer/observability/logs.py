@@ -18,7 +18,7 @@ class JsonlLog:
     def __init__(self, directory: Path, rank: int, scalars: TensorBoardScalars | None = None) -> None:
         Path(directory).mkdir(parents=True, exist_ok=True)
         self.path = Path(directory) / f"rank-{rank:05d}.jsonl"
-        self._file = open(self.path, "a", buffering=1)
+        self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 - open for the log's life, until close()
         self.scalars = scalars
 
     def write(self, **record) -> None:

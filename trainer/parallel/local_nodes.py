@@ -13,6 +13,7 @@ index, whose torchrun restart count starts at 0 as a new pod's does.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -77,10 +78,8 @@ class Node:
         except psutil.NoSuchProcess:
             processes = []
         for process in processes:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
-            except psutil.NoSuchProcess:
-                pass
         self.process.wait()
         psutil.wait_procs(processes, timeout=30)
 

@@ -66,7 +66,7 @@ def _load_rows(w_ptr, rows_ptr, inv_norm_ptr, pos, offset, count, stride_w, D,
                HAS_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
     """fp32 ``w / |w|`` of the scored positions ``pos`` (zero rows past ``count``)."""
     in_range = pos < count
-    if HAS_ROWS:
+    if HAS_ROWS:  # noqa: SIM108 - an if on a constexpr is resolved when the kernel compiles
         row = tl.load(rows_ptr + pos, mask=in_range, other=0)
     else:
         row = offset + pos
