@@ -1,7 +1,7 @@
 # instcls training image: CUDA-capable through the CUDA libraries that the pinned torch, DALI and
 # NCCL wheels carry (CUDA 13.0: the host needs only an NVIDIA driver of the R580 branch or newer and the
 # container toolkit; k8s/README.md "GPU nodes"); runs CPU-only too.
-# Build from the repository root:  docker build -t instcls:0.1.0 .
+# Build from the repository root:  docker build -t instcls:0.2.0 .
 FROM python:3.11-slim-bookworm
 
 # tar: DALI's index writer; g++: inductor compiles CO2's fused chunk math to C++ on CPU ranks (DeepSpeed's

@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: image image-check install prometheus lint test test-unit test-all test-gpu test-gpu-offline gpu-check demo ablate drill rehearsal bench-classifier clean
+.PHONY: image image-check install prometheus lint test test-unit test-all test-gpu test-gpu-offline gpu-check demo digits ablate drill rehearsal bench-classifier clean
 
 $(INSTALLED): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -92,6 +92,13 @@ demo: $(INSTALLED) $(SCENE_SHARDS)
 	OMP_NUM_THREADS=1 $(BIN)/instcls launch --nproc-per-node 2 -m trainer.cli train \
 		--config configs/demo_cpu.yaml --resume none
 	$(BIN)/instcls report --logs $(DEMO)/logs --png $(DEMO)/run.png
+
+# The plain scikit-learn digits as shards (80% train, 20% held out), for configs/digits_cpu.yaml and
+# configs/pic_demo_cpu.yaml (seconds).
+DIGITS := out/digits
+digits: $(DIGITS)/shards/train/samples.npy $(DIGITS)/shards/val/samples.npy
+$(DIGITS)/shards/%/samples.npy: | $(INSTALLED)
+	$(BIN)/instcls make-shards --source digits --split $* --out $(DIGITS)/shards/$* --prefix digits-$*
 
 # The papers' ablations in miniature on the same scenes (~37 minutes: 26 runs of 10 epochs, 2 seeds
 # each): docs/ablations.md and docs/ablations.png.  Finished runs stay in out/ablate and are reused.

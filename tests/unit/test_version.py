@@ -32,3 +32,18 @@ def test_changelog_has_a_section_for_the_current_version():
     """Keep a Changelog: every released version has a dated section; the current one is listed."""
     changelog = (Path(__file__).resolve().parents[2] / "CHANGELOG.md").read_text()
     assert f"## [{_pyproject_version()}] - " in changelog
+
+
+def test_every_place_that_names_the_version_names_the_pyproject_version():
+    """CITATION.cff, the image tag kustomize sets and the docs' build commands repeat the version:
+    a release that bumps pyproject.toml alone fails here (CONTRIBUTING.md lists the places)."""
+    root = Path(__file__).resolve().parents[2]
+    version = _pyproject_version()
+    assert re.search(r"^version: (\S+)$", (root / "CITATION.cff").read_text(), re.MULTILINE).group(1) == version
+    assert f"\n  newTag: {version}\n" in (root / "k8s/base/kustomization.yaml").read_text()
+    files = [root / "README.md", root / "Dockerfile", *sorted((root / "docs").glob("*.md")),
+             *sorted((root / "k8s").glob("*.md")), root / "k8s/base/kustomization.yaml"]
+    tags = {(path.relative_to(root).as_posix(), tag) for path in files
+            for tag in re.findall(r"instcls:(\d+\.\d+\.\d+)", path.read_text())}
+    assert {path for path, _ in tags} >= {"README.md", "Dockerfile", "docs/cluster.md", "k8s/README.md"}
+    assert not {(path, tag) for path, tag in tags if tag != version}, f"image tags that are not {version}"
