@@ -88,9 +88,12 @@ def color_shards(color_folder, tmp_path_factory) -> Path:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` are skipped, saying why, where no CUDA device is visible (CI)."""
+    """Tests marked ``integration`` (seconds to minutes each) run first, so that the quick ones fill
+    the xdist workers' tail instead of a long test starting last.  Tests marked ``gpu`` are skipped,
+    saying why, where no CUDA device is visible (CI)."""
     import torch
 
+    items.sort(key=lambda item: "integration" not in item.keywords)  # stable: files keep their order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device: run with INSTCLS_TEST_GPU=1 on a GPU node")
