@@ -1,5 +1,6 @@
-"""`instcls selftest`: its CPU subset passes here and in CI and names what it skipped; a failing
-check fails the command; on a GPU node (marker ``gpu``) every check must run and pass.  Nothing
+"""`instcls selftest`: its CPU subset passes here and in CI and names what it skipped (by default
+over the rows chosen with ``--only`` below, every CPU row in the slow run); a failing check fails
+the command; on a GPU node (marker ``gpu``) every check must run and pass.  Nothing
 passes vacuously: each of these fails the command (a GPU node whose CUDA cannot start, a check
 failing on rank 1 only, a rank raising while the others wait in a collective, PIC's store wrong
 but finite, a host sync in the smoothing/CO2 step)."""
@@ -42,7 +43,7 @@ def test_the_chosen_cpu_rows_pass_and_the_gpu_only_row_says_it_was_skipped(tmp_p
             assert row["status"] == SKIPPED and "CUDA" in row["detail"], row
         else:
             assert row["status"] == PASS, row
-    # The printed table has a row per check run (the full table: test_a_failing_check_fails_the_command).
+    # The printed table lists the rows run and no other (their cells: test_a_failing_check_fails_the_command).
     table = capsys.readouterr().out.splitlines()
     assert [line.split("  ")[0].strip() for line in table if line.split("  ")[0].strip() in EVERY_CHECK] == CHOSEN
 
