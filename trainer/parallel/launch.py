@@ -24,7 +24,9 @@ checkpoint save of a large job; so the pod's grace period (``INSTCLS_GRACE_PERIO
 ``spawn_local_workers``: T local processes that look exactly like a torchrun job to the code they
 run; used by the benchmarks (``instcls bench`` spawns its own ranks) and the multi-rank tests.
 Each worker gets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT, an even share of the
-CPU cores, and its process group is destroyed when the function returns.
+CPU cores, and its process group is destroyed when the function returns.  Without CUDA the workers
+fork from a server that imported torch, DeepSpeed and the trainer once (``PRELOADED_MODULES``)
+rather than each importing them again; with CUDA they are spawned, fresh interpreters.
 """
 
 from __future__ import annotations
