@@ -1,5 +1,6 @@
-"""`instcls selftest`: its CPU subset passes here and in CI and names what it skipped; a failing
-check fails the command; on a GPU node (marker ``gpu``) every check must run and pass.  Nothing
+"""`instcls selftest`: its CPU subset passes here and in CI and names what it skipped (by default
+over the rows chosen with ``--only`` below, every CPU row in the slow run); a failing check fails
+the command; on a GPU node (marker ``gpu``) every check must run and pass.  Nothing
 passes vacuously: each of these fails the command (a GPU node whose CUDA cannot start, a check
 failing on rank 1 only, a rank raising while the others wait in a collective, PIC's store wrong
 but finite, a host sync in the smoothing/CO2 step)."""
@@ -10,19 +11,52 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.helpers.training import REPO
 from trainer.selftest.report import FAIL, PASS, SKIPPED, CheckResult
 
 pytestmark = pytest.mark.integration
 
+REPO = Path(__file__).resolve().parents[2]
 GPU_ONLY = {"bf16 ZeRO-2 ResNet-50 step"}
 EVERY_CHECK = {"devices", "compiled CO2 kernel", "PIC host store + prefetch", "DALI decode", "collectives",
                "sharded classifier", "host syncs per step"} | GPU_ONLY
+# The CPU rows whose checks no other default-suite test runs whole and unplanted, and the GPU-only row.
+# The others' code is run there: the compiled CO2 kernel against eager by tests/unit/test_co2_kernel.py,
+# DALI's CPU decode by tests/integration/test_loaders.py, the host-sync count on fake devices, whole, by
+# test_a_host_sync_in_the_smoothing_and_co2_step_fails_the_check below.
+CHOSEN = ["devices", "PIC host store + prefetch", "collectives", "sharded classifier", "bf16 ZeRO-2 ResNet-50 step"]
 
 
+def test_the_chosen_cpu_rows_pass_and_the_gpu_only_row_says_it_was_skipped(tmp_path, capsys):
+    from trainer.cli import main
+
+    out = tmp_path / "selftest.json"
+    assert main(["selftest", "--json", str(out), *[arg for name in CHOSEN for arg in ("--only", name)]]) == 0, \
+        capsys.readouterr().out[-3000:]
+    rows = {row["name"]: row for row in json.loads(out.read_text())}
+    assert list(rows) == CHOSEN  # the rows asked for, in the order of the full run, and no other
+    for name, row in rows.items():
+        if name in GPU_ONLY:
+            assert row["status"] == SKIPPED and "CUDA" in row["detail"], row
+        else:
+            assert row["status"] == PASS, row
+    # The printed table lists the rows run and no other (their cells: test_a_failing_check_fails_the_command).
+    table = capsys.readouterr().out.splitlines()
+    assert [line.split("  ")[0].strip() for line in table if line.split("  ")[0].strip() in EVERY_CHECK] == CHOSEN
+
+
+def test_only_refuses_a_name_that_is_no_check(capsys):
+    from trainer.cli import main
+
+    assert main(["selftest", "--only", "colectives"]) == 2
+    error = capsys.readouterr().err
+    assert "--only 'colectives': no such check" in error and all(f"'{name}'" in error for name in EVERY_CHECK)
+
+
+@pytest.mark.slow  # default suite: the chosen rows above, and each other row's code in the tests named by CHOSEN
 def test_the_cpu_subset_passes_and_says_what_it_skipped(tmp_path):
     out = tmp_path / "selftest.json"
     result = subprocess.run([sys.executable, "-m", "trainer.cli", "selftest", "--json", str(out)], cwd=REPO,
@@ -42,8 +76,8 @@ def test_a_failing_check_fails_the_command(monkeypatch, capsys):
     from trainer.cli import selftest
 
     failing = [CheckResult("devices", PASS), CheckResult("collectives", FAIL, "", "RuntimeError: no route")]
-    monkeypatch.setattr("trainer.selftest.run_selftest", lambda progress: failing)
-    parser_args = type("Args", (), {"json": None})()
+    monkeypatch.setattr("trainer.selftest.run_selftest", lambda progress, only: failing)
+    parser_args = type("Args", (), {"json": None, "only": None})()
     assert selftest._run_selftest(parser_args) == 1
     # A row per check holding its fields, the failure's reason included (the one test of format_table's text).
     out = capsys.readouterr().out.splitlines()
@@ -153,6 +187,8 @@ def test_a_host_sync_in_the_smoothing_and_co2_step_fails_the_check(monkeypatch):
     monkeypatch.setattr(InstanceObjective, "loss", syncing_loss)
     row = local_checks.host_syncs_per_step(torch.device("cpu"))
     assert row.status == FAIL and "test_selftest.py" in row.detail and "_local_scalar_dense" in row.detail
+    # The planted sync is the only one found: both objectives' steps, unplanted, have none (the row's pass).
+    assert row.figure == "1 syncs (fake CUDA)", row
 
 
 def test_each_distributed_row_is_named_as_its_check_names_it():

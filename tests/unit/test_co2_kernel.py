@@ -29,7 +29,10 @@ def test_fused_gradient_matches_finite_differences():
     generator = torch.Generator().manual_seed(1)
     # Mild temperatures keep the third derivatives small, so central differences in fp32 are accurate.
     settings = KernelSettings(temperature=0.5, chunk_size=4)
-    consistency = ConsistencySettings(temperature=0.4, views=2, global_views=2)
+    # The chunk math run eagerly: the same code inductor compiles, whose compiled numbers
+    # test_compiled_chunk_math_equals_the_same_code_run_eagerly holds to these (a cold compile per
+    # chunk shape would cost more than the 60 differences).
+    consistency = ConsistencySettings(temperature=0.4, views=2, global_views=2, compiled=False)
     features = F.normalize(torch.randn(2 * IMAGES, DIM, generator=generator), dim=1).requires_grad_()
     weight = torch.randn(NUM_ROWS, DIM, generator=generator).requires_grad_()
     ids = torch.tensor([1, 4])
@@ -65,9 +68,15 @@ def _classifier_step(co2_alpha: float | None):
 
 
 @pytest.mark.integration
-def test_alpha_zero_is_exactly_todays_loss_and_gradients():
+def test_alpha_zero_is_exactly_todays_loss_and_gradients(monkeypatch):
+    from trainer.classifier.terms import TERMS
+
     for got, want in zip(_classifier_step(0.0), _classifier_step(None)):
         assert torch.equal(got, want)
+    # The term only has to move the loss here: its chunk math runs eagerly, not compiled (the
+    # compiled math equals the eager one: test_compiled_chunk_math_equals_the_same_code_run_eagerly).
+    monkeypatch.setitem(TERMS, "co2", lambda settings, views: ConsistencyTerm.for_views(
+        settings.co2_temperature, settings.co2_alpha, views.kinds, compiled=False))
     with_term = _classifier_step(0.3)
     assert not torch.equal(with_term[0], _classifier_step(None)[0])
 
@@ -114,11 +123,13 @@ def test_settings_refuse_what_cannot_work():
         )
 
 
-def _term_and_grads(compiled: bool, kernel_temperature: float, views: list[str], rows_vary: bool = False):
+def _term_and_grads(compiled: bool, kernel_temperature: float, views: list[str], rows_vary: bool = False,
+                    rows: int = 11):
     """Loss, term and both gradients of one step with the term's chunk math compiled or eager
-    (``rows_vary``: its chunks padded to power-of-two row counts, as PIC's are)."""
+    (``rows_vary``: its chunks padded to power-of-two row counts, as PIC's are; the default 11
+    ``rows`` leave a shorter last chunk of 4)."""
     generator = torch.Generator().manual_seed(4)
-    images, rows = 3, 11  # chunk 4 does not divide the 11 rows
+    images = 3
     features = F.normalize(torch.randn(len(views) * images, DIM, generator=generator), dim=1).requires_grad_()
     weight = torch.randn(rows, DIM, generator=generator).requires_grad_()
     targets = torch.tensor([7, 0, 3]).repeat(len(views))[:, None]
@@ -141,8 +152,10 @@ def test_compiled_chunk_math_equals_the_same_code_run_eagerly(kernel_temperature
     for function in (consistency_math.fused_add_chunk_sums, consistency_math.fused_grad_logits):
         function._kernels.clear()  # compiled by an earlier test: this one must see the compiles happen
     views = ["global", "global", "small"]  # a small crop: its columns take the kernel's part only
-    eager = _term_and_grads(False, kernel_temperature, views)
-    compiled = _term_and_grads(True, kernel_temperature, views)
+    # 8 rows: two chunks of one shape, so each function compiles once (a cold compile costs seconds);
+    # a shorter last chunk is only another signature of the same graph.
+    eager = _term_and_grads(False, kernel_temperature, views, rows=8)
+    compiled = _term_and_grads(True, kernel_temperature, views, rows=8)
 
     said = capsys.readouterr().err  # a compile is announced, not silently waited for
     compiles = [fn for fn in (consistency_math.fused_add_chunk_sums, consistency_math.fused_grad_logits) if fn._kernels]

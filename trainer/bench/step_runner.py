@@ -17,7 +17,6 @@ import torch
 import torch.distributed as dist
 
 from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
-from trainer.models import ModelConfig, build_model
 from trainer.parallel import ParallelDims
 
 FloatDtype = Literal["float32", "bfloat16", "float16"]  # what torch runs a step in on CPUs and GPUs alike
@@ -73,6 +72,10 @@ def run_steps(spec: StepSpec, dims: ParallelDims, after_step: Callable[[], None]
     ids = torch.randint(0, spec.num_classes, (local_batch,), device=device, generator=generator)
     backbone = backbone_optimizer = None
     if spec.backbone:
+        # Imported here: torchvision (and torch._dynamo under it) costs each spawned rank seconds of
+        # start-up, and the classifier-only runs never use it.
+        from trainer.models import ModelConfig, build_model
+
         backbone = build_model(ModelConfig(arch=spec.backbone, head_hidden_dim=512, feature_dim=spec.dim)).to(device)
         backbone_optimizer = torch.optim.SGD(backbone.parameters(), lr=0.01, momentum=0.9)
         inputs = torch.randn(local_batch, 3, spec.image_size, spec.image_size, device=device, generator=generator)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pickle
 import re
+import sys
 from pathlib import Path
 
 import torch
@@ -26,16 +27,27 @@ class UnsafeCheckpointError(RuntimeError):
     """A checkpoint file holds pickled objects that the safe unpickler refuses."""
 
 
-def _safe_globals() -> list:
+def _safe_globals(needed: bool = False) -> list:
+    """DeepSpeed's allowed classes, once DeepSpeed is loaded or when a file names one: importing
+    DeepSpeed takes seconds, and a process that only reads this trainer's own files (an evaluation,
+    an export, a checkpoint load outside training) never needs it."""
     import importlib
 
+    if not needed and "deepspeed" not in sys.modules:
+        return []
     return [getattr(importlib.import_module(module), name) for module, name in DEEPSPEED_SAFE_GLOBALS]
 
 
 def load_data(path: Path, **kwargs):
     """``torch.load`` of a file that may hold tensors and plain data only."""
     try:
-        with torch.serialization.safe_globals(_safe_globals()):
+        try:
+            with torch.serialization.safe_globals(_safe_globals()):
+                return torch.load(path, weights_only=True, **kwargs)
+        except pickle.UnpicklingError as error:
+            if "deepspeed" in sys.modules or "Unsupported global: GLOBAL deepspeed." not in str(error):
+                raise
+        with torch.serialization.safe_globals(_safe_globals(needed=True)):  # a DeepSpeed file: once per process
             return torch.load(path, weights_only=True, **kwargs)
     except pickle.UnpicklingError as error:
         found = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))

@@ -15,6 +15,9 @@ def register(commands) -> None:
         "classifier and a count of host syncs per step, then prints pass/fail with figures.  Without a GPU it runs "
         "the CPU subset (gloo, DALI's CPU decoder, inductor's C++) and says what it skipped.  Exits 1 on a failure.")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    parser.add_argument("--only", action="append", metavar="CHECK",
+                        help="run only this check, named as its row is (e.g. 'collectives'; repeatable): to look at "
+                        "one path again without waiting for the others")
     parser.set_defaults(handler=_run_selftest)
 
 
@@ -24,7 +27,7 @@ def _run_selftest(args: argparse.Namespace) -> int:
     from trainer.selftest import format_table, run_selftest
     from trainer.selftest.report import FAIL
 
-    results = run_selftest(progress=lambda line: print(line, flush=True))
+    results = run_selftest(progress=lambda line: print(line, flush=True), only=args.only)
     print(format_table(results))
     if args.json:
         args.json.write_text(json.dumps([asdict(result) for result in results], indent=2))

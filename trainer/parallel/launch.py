@@ -24,11 +24,14 @@ checkpoint save of a large job; so the pod's grace period (``INSTCLS_GRACE_PERIO
 ``spawn_local_workers``: T local processes that look exactly like a torchrun job to the code they
 run; used by the benchmarks (``instcls bench`` spawns its own ranks) and the multi-rank tests.
 Each worker gets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT, an even share of the
-CPU cores, and its process group is destroyed when the function returns.
+CPU cores, and its process group is destroyed when the function returns.  Without CUDA the workers
+fork from a server that imported torch, DeepSpeed and the trainer once (``PRELOADED_MODULES``)
+rather than each importing them again; with CUDA they are spawned, fresh interpreters.
 """
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import shutil
@@ -38,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from multiprocessing import forkserver, reduction
 from pathlib import Path
 from typing import Any, Callable
 
@@ -200,8 +204,10 @@ def cpu_threads_per_rank(world_size: int) -> int:
 
 
 def _worker(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple,
-            ranks_per_node: int | None = None) -> None:
+            ranks_per_node: int | None = None, caller: _Caller | None = None) -> None:
     per_node = ranks_per_node or world_size
+    if caller is not None:  # forked from the preloaded server: the caller's environment and output as of now
+        caller.adopt()
     os.environ.update(  # torchrun's numbering: node by node
         RANK=str(rank),
         LOCAL_RANK=str(rank % per_node),
@@ -235,5 +241,63 @@ def spawn_local_workers(fn: Callable[..., Any], world_size: int, *args: Any, ran
     of nodes of that many ranks (``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``), as a
     multi-node job sets it; default one node.
     """
-    mp.start_processes(_worker, args=(world_size, free_port(), fn, args, ranks_per_node), nprocs=world_size,
-                       start_method="spawn")
+    if torch.cuda.is_available():  # a forked CUDA runtime is unusable: fresh interpreters
+        mp.start_processes(_worker, args=(world_size, free_port(), fn, args, ranks_per_node), nprocs=world_size,
+                           start_method="spawn")
+        return
+    _preloaded_server()
+    mp.start_processes(_worker, args=(world_size, free_port(), fn, args, ranks_per_node, _Caller()),
+                       nprocs=world_size, start_method="forkserver")
+
+
+class _Caller:
+    """What a spawned rank inherits from the process that starts it and a rank forked from the
+    server would take from the server instead: the environment and stdout/stderr (the server's are
+    the caller's of the moment it started; pytest, for one, points them elsewhere for every test)."""
+
+    def __init__(self):
+        self.environ = dict(os.environ)
+        self.stdio: tuple = ()
+
+    def __reduce__(self):  # pickled while the rank is started: the file descriptors travel with it
+        return _Caller._rebuilt, (self.environ, reduction.DupFd(1), reduction.DupFd(2))
+
+    @staticmethod
+    def _rebuilt(environ: dict[str, str], stdout, stderr) -> _Caller:
+        caller = _Caller.__new__(_Caller)
+        caller.environ, caller.stdio = environ, (stdout, stderr)
+        return caller
+
+    def adopt(self) -> None:
+        os.environ.clear()
+        os.environ.update(self.environ)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, inherited in zip((1, 2), self.stdio):
+            received = inherited.detach()
+            os.dup2(received, fd)
+            os.close(received)
+
+
+# What every local rank imports before its first line of work: torch, DeepSpeed, torch.distributed.checkpoint
+# (with torch._dynamo, sympy, Triton) and the trainer, ~8 s of CPU per process.  Imported once, in
+# multiprocessing's fork server, each CPU rank forks from it with them loaded; still a process of its own
+# (fresh memory peak and cap, its own process group), with the caller's working directory, sys.path and
+# environment at the time of the call.
+PRELOADED_MODULES = ["torch", "trainer.parallel.deepspeed_import", "trainer.checkpoint", "trainer.config",
+                     "trainer.engine.deepspeed_setup"]
+_server_environment: dict[str, str] | None = None
+
+
+def _preloaded_server() -> None:
+    """Start the fork server (once), or restart it when the environment changed since: modules read
+    some variables when imported (``DS_ACCELERATOR``, ``TRITON_INTERPRET``)."""
+    global _server_environment
+    environment = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    if _server_environment is not None and environment != _server_environment:
+        forkserver._forkserver._stop()
+    if environment != _server_environment:
+        if _server_environment is None:  # the server ends with this process, waited for (its CPU time counted)
+            atexit.register(forkserver._forkserver._stop)
+        forkserver.set_forkserver_preload(PRELOADED_MODULES)
+        _server_environment = environment
