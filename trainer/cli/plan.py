@@ -123,7 +123,7 @@ def _run_plan(args: argparse.Namespace) -> int:
             mode="dhp", num_classes=args.num_classes, ranks=args.ranks, batch=args.batch, dim=args.dim,
             chunk_size=args.chunk_size, logits_cache_bytes=int(args.logits_cache_gib * GIB), dtype=args.dtype,
             momentum=not args.no_momentum, update_in_backward=args.update_in_backward,
-            optimizer=args.optimizer or "sgd", activation_checkpointing=args.activation_checkpointing,
+            optimizer=args.optimizer, activation_checkpointing=args.activation_checkpointing,
             backbone=None if args.backbone == "none" else args.backbone, image_size=args.image_size,
             img_size=args.image_size if takes_sizes else None, patch_size=args.patch_size,
             views=args.views, zero_stage=args.zero_stage, device="cpu" if args.cpu else "gpu", queue=args.queue,

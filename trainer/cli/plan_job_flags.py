@@ -44,6 +44,13 @@ def _cache_bytes(gib: float) -> int:
     return int(gib * GIB)
 
 
+def _backbone(name: str, args: argparse.Namespace) -> str:
+    if name == "none":
+        raise SystemExit("instcls plan: --backbone none plans the classifier alone, without --config; a config's "
+                         "job always has its backbone (model.arch)")
+    return f"model.arch={name}"
+
+
 def _setting(key: str, value_text: Callable[[object], object] = lambda value: value):
     return lambda value, args: f"{key}={value_text(value)}"
 
@@ -57,13 +64,13 @@ JOB_FLAGS = (
     JobFlag("dtype", "float32",
             instead="the DeepSpeed config's bf16 section sets it: --set deepspeed_config=zero0_autocast_bf16 "
             "(or another ds_configs/ file)"),
-    JobFlag("backbone", "resnet50", lambda value, args: _backbone(value)),
+    JobFlag("backbone", "resnet50", _backbone),
     JobFlag("image_size", 224, _setting("data.loader.augment.image_size")),
     JobFlag("patch_size", None, _setting("model.patch_size")),
     JobFlag("zero_stage", 0,
             instead="every stage is planned from the config and the lowest that fits recommended; the breakdown is "
             "printed at its DeepSpeed config's stage: --set deepspeed_config=zero2_bf16 (or another ds_configs/ file)"),
-    JobFlag("optimizer", None, _setting("optim.name")),
+    JobFlag("optimizer", "sgd", _setting("optim.name")),
     JobFlag("activation_checkpointing", False, _setting("model.activation_checkpointing", lambda on: "true")),
     JobFlag("deepspeed_config", None, _setting("deepspeed_config")),
     JobFlag("no_dali", False, _setting("data.loader.backend", lambda on: "torch")),
@@ -76,13 +83,6 @@ JOB_FLAGS = (
     JobFlag("kernel", "auto", _setting("objective.kernel")),
     JobFlag("top_k", 0, _setting("objective.top_k")),
 )
-
-
-def _backbone(name: str) -> str:
-    if name == "none":
-        raise SystemExit("instcls plan: --backbone none plans the classifier alone, without --config; a config's "
-                         "job always has its backbone (model.arch)")
-    return f"model.arch={name}"
 
 
 def default_help(dest: str) -> str:

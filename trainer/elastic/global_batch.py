@@ -56,14 +56,15 @@ def split_global_batch(configured_per_rank: int, world_size: int, saved_global_b
     not depend on how many nodes had joined when it first started.  A resume on the checkpoint's own
     world size with another configured batch is refused: the user changed the batch, the world did
     not."""
-    configured_global = configured_per_rank * (largest_world_size or world_size)
+    batch_ranks = largest_world_size or world_size  # the ranks data.loader.batch_size is per
+    configured_global = configured_per_rank * batch_ranks
     if saved_world_size == world_size and saved_global_batch not in (None, configured_global):
         # The same ranks, another batch: the user changed the batch, which no resume can honour.
         raise GlobalBatchError(
             f"cannot resume with data.loader.batch_size={configured_per_rank} (a global batch of {configured_global}): "
             f"the checkpoint was written on these same {world_size} ranks with a global batch of {saved_global_batch}, "
             "and another global batch would change the learning rate, the schedule and the samples of every step. "
-            f"Set data.loader.batch_size={saved_global_batch // (largest_world_size or world_size)} to resume, "
+            f"Set data.loader.batch_size={saved_global_batch // batch_ranks} to resume, "
             "or start a new run for the new batch (--resume none, or another checkpoint.dir)")
     if saved_global_batch is None and largest_world_size is not None:
         saved_global_batch = configured_global

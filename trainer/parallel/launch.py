@@ -294,10 +294,11 @@ def _preloaded_server() -> None:
     some variables when imported (``DS_ACCELERATOR``, ``TRITON_INTERPRET``)."""
     global _server_environment
     environment = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
-    if _server_environment is not None and environment != _server_environment:
+    if environment == _server_environment:
+        return
+    if _server_environment is None:  # the server ends with this process, waited for (its CPU time counted)
+        atexit.register(forkserver._forkserver._stop)
+    else:
         forkserver._forkserver._stop()
-    if environment != _server_environment:
-        if _server_environment is None:  # the server ends with this process, waited for (its CPU time counted)
-            atexit.register(forkserver._forkserver._stop)
-        forkserver.set_forkserver_preload(PRELOADED_MODULES)
-        _server_environment = environment
+    forkserver.set_forkserver_preload(PRELOADED_MODULES)
+    _server_environment = environment
