@@ -35,14 +35,20 @@ def _configmap(name: str, labels: dict, data: dict[str, str], comment: str) -> s
         yaml.safe_dump(body, sort_keys=False, width=1000)
 
 
+def job_configmap(job_text: str, deepspeed_text: str, job: str, deepspeed: str) -> str:
+    """The ConfigMap ``instcls-job`` every training pod mounts at /etc/instcls: ``job.yaml`` (the job
+    config, from the file ``job``) and ``deepspeed.json`` (from ``deepspeed``).  The pod drills render
+    their CPU job's ConfigMap here too (``trainer/drills/pods/cpu_job.py``)."""
+    return _configmap("instcls-job", {"app.kubernetes.io/name": "instcls"},
+                      {"job.yaml": job_text, "deepspeed.json": deepspeed_text},
+                      f"Job config ({job}) and DeepSpeed config ({deepspeed}); apply one of the configmap-*.yaml "
+                      "files.")
+
+
 def rendered() -> dict[str, str]:
     files = {}
     for target, (job, deepspeed) in JOBS.items():
-        files[target] = _configmap(
-            "instcls-job", {"app.kubernetes.io/name": "instcls"},
-            {"job.yaml": (ROOT / job).read_text(), "deepspeed.json": (ROOT / deepspeed).read_text()},
-            f"Job config ({job}) and DeepSpeed config ({deepspeed}); apply one of the configmap-*.yaml files.",
-        )
+        files[target] = job_configmap((ROOT / job).read_text(), (ROOT / deepspeed).read_text(), job, deepspeed)
     files["grafana-dashboard.yaml"] = _configmap(
         "instcls-grafana-dashboard", {"app.kubernetes.io/name": "instcls", "grafana_dashboard": "1"},
         {"instcls-dashboard.json": (ROOT / DASHBOARD).read_text()},

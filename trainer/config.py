@@ -18,6 +18,7 @@ import yaml
 import ds_configs
 from data_pipeline.contract import LoaderConfig
 from trainer.config_building import ConfigError, apply_overrides, build_dataclass
+from trainer.config_elastic import ElasticSettings
 from trainer.eval_config import EvalSection
 from trainer.models import ModelConfig
 from trainer.objectives import ObjectiveConfig, OptimSettings, default_objective_config
@@ -61,12 +62,18 @@ class ParallelSection:
         torch's fused kernels) and the device skip's all-reduce.  For checking those paths on one
         GPU (``tests/integration/test_gpu_step_host_syncs.py``); off by default, and no effect on
         a job of several ranks, which runs them anyway.
+    elastic: an elastic launch's settings (``ElasticSettings``: its memory check at the smallest size).
+    collective_timeout_s: how long the rendezvous store and every collective wait for the slowest
+        rank before the job fails (torchrun then restarts the ranks).  Above a checkpoint save's and
+        the end-of-run evaluation's longest wait; the pod drills shorten it.
     """
 
     classifier_parallel_size: int | None = None
     device: str = "auto"
     deterministic: bool = False
     collectives_over_one_rank: bool = False
+    elastic: ElasticSettings = field(default_factory=ElasticSettings)
+    collective_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
         if self.device not in DEVICE_CHOICES:
@@ -80,6 +87,10 @@ class ParallelSection:
         if not isinstance(self.collectives_over_one_rank, bool):
             raise ConfigError(f"parallel.collectives_over_one_rank={self.collectives_over_one_rank!r} is invalid: use "
                               "true or false")
+        if isinstance(self.collective_timeout_s, bool) or not isinstance(self.collective_timeout_s, (int, float)) \
+                or not self.collective_timeout_s > 0:
+            raise ConfigError(f"parallel.collective_timeout_s={self.collective_timeout_s!r} is invalid: use a number "
+                              "of seconds above 0 (600 by default)")
 
 
 @dataclass(frozen=True)

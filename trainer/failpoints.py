@@ -27,8 +27,10 @@ keeps the features and the loss finite and makes their gradient infinite, as an 
 backward would.  One waits:
 ``train.wait_for_sigterm`` (``wait_point``, after the backward) holds the rank until it has had
 SIGTERM, so that a drill's SIGTERM lands mid-run however fast or slow the machine's steps are.  One
-raises: ``eval.end_of_run`` (``armed``) makes the end-of-run evaluation fail with an exception after
-the final checkpoint is complete.
+raises: ``eval.end_of_run`` (``armed``) makes the end-of-run evaluation of the rank (of every rank
+when unset) fail with an exception partway: after the features are gathered for the linear probe
+(the kNN's all-gathers done, and for the "sklearn" probe the gather into rank 0), before the fit;
+with no probe, after the kNN (``trainer.evaluation.phase_agreement``).
 
 Beside the points, one knob slows a save down: ``INSTCLS_SLOW_SAVE=SECONDS,step=S`` makes rank 0
 hold the checkpoint of step S that long before its rename (``slow_save``), as writing ImageNet-21K's

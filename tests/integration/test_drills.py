@@ -34,7 +34,7 @@ def context(drill_context):
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.slow] if name in COVERED_ELSEWHERE else [])
-                                  for name in DRILLS if name not in NODE_DRILLS])  # test_two_nodes.py
+                                  for name in DRILLS if name not in NODE_DRILLS])  # test_two_nodes, test_pod_drills
 def test_drill(context, name):
     result = DRILLS[name](context)
     assert result.passed, str(result)

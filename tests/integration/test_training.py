@@ -21,6 +21,7 @@ from tests.helpers.training import (
     step_losses,
     train_command,
 )
+from trainer.checkpoint.checkpoint_files import read_trainer_meta
 from trainer.drills.jobs import TORCHRUN
 from trainer.exit_codes import ExitCode
 from trainer.observability.report import RunLogs
@@ -184,6 +185,8 @@ def test_training_evaluates_on_schedule_and_summarises(tiny_digits_split, tmp_pa
         ],
     )
     _assert_evaluated_on_schedule_and_summarised(tmp_path, result, epochs=3, every=1, steps_per_epoch=2, local_batch=32)
+    # the final checkpoint records the run's end, so that a resume of it neither trains nor evaluates
+    assert read_trainer_meta(latest_checkpoint(tmp_path))["run_end"] == {"finished": True, "evaluation": "done"}
     # Output to a pipe, as in a pod log: plain progress lines, one per log step, no carriage returns,
     # and none of the warnings every run used to print.
     output = result.stdout + result.stderr

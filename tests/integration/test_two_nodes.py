@@ -3,8 +3,9 @@ rank each, every node in its own working directory) ends bit-identical to the sa
 agent, and what a second node sees differently works: its metrics port, its rank's log, its rank's
 checkpoint files, relative paths resolved against its own directory.
 
-The node-level faults are drills (``trainer.drills.node_faults``); the lost node with a
-replacement pod runs here, the others in the slow run and in `make drill`."""
+The node-level faults are drills on the overlays' own pods (``tests/integration/test_pod_drills.py``),
+whose default cases train two pods to the uninterrupted run's state: this job and the node that never
+comes run in the slow tier and in `make drill`."""
 
 import re
 import threading
@@ -20,7 +21,6 @@ from trainer.drills.two_nodes import TwoNodeJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("drill-context")]  # one worker builds its inputs
 
-IN_DEFAULT_RUN: set[str] = set()  # the two-node job above holds the multi-node path; the drills: `make drill`
 
 
 @pytest.fixture
@@ -40,6 +40,7 @@ def _scrape_ranks(ports: dict[int, int], running: threading.Event, found: dict[i
         time.sleep(0.2)
 
 
+@pytest.mark.slow  # the default run's pod drills train two pods to the uninterrupted state
 def test_two_nodes_train_exactly_as_one_agent_with_the_same_ranks(context, tmp_path):
     scraped: dict[int, set[str]] = {0: set(), 1: set()}
     running = threading.Event()
@@ -76,8 +77,8 @@ def test_two_nodes_train_exactly_as_one_agent_with_the_same_ranks(context, tmp_p
         assert own <= {"volumes", "scratch", "agent-0.txt"}, own
 
 
-@pytest.mark.parametrize("name", [pytest.param(name, marks=[] if name in IN_DEFAULT_RUN else [pytest.mark.slow])
-                                  for name in NODE_DRILLS])
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [name for name in NODE_DRILLS if "/" not in name])  # the overlays': test_pod_drills
 def test_node_drill(context, name):
     result = DRILLS[name](context)
     assert result.passed, str(result)

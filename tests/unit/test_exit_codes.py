@@ -16,11 +16,15 @@ from pathlib import Path
 
 import pytest
 
+from trainer import exit_codes
 from trainer.exit_codes import (
     EXIT_CODE_ENV,
     PERMANENT,
+    RECREATED,
     RETRYABLE,
+    ROUND_ENV,
     ExitCode,
+    begin_round,
     node_exit_code,
     reported_exit_codes,
     run_reporting_exit_code,
@@ -53,9 +57,9 @@ def test_the_node_code_comes_from_the_ranks_codes_and_the_signal(torchrun, ranks
 
 def test_every_code_means_one_thing_to_both_kinds_of_job():
     # Kubeflow's ExitCode policy: 128-255 retried, 1-127 permanent; the Indexed Job names the codes.
-    assert all(128 <= code <= 255 for code in RETRYABLE) and all(1 <= code <= 127 for code in PERMANENT)
-    assert not RETRYABLE & PERMANENT
-    assert set(ExitCode) == RETRYABLE | PERMANENT | {E.FINISHED, E.CRASHED}
+    assert all(128 <= code <= 255 for code in RETRYABLE | RECREATED) and all(1 <= code <= 127 for code in PERMANENT)
+    assert not RETRYABLE & PERMANENT and not RECREATED & (RETRYABLE | PERMANENT)
+    assert set(ExitCode) == RETRYABLE | PERMANENT | RECREATED | {E.FINISHED, E.CRASHED}
     assert E.PREEMPTED == 143 and E.CRASHED == 1  # a shell's SIGTERM code; Python's and torchrun's failure
 
 
@@ -65,12 +69,84 @@ def _report(tmp_path, monkeypatch, main, rank="3"):
     return run_reporting_exit_code(main)
 
 
-def test_a_rank_reports_its_code_and_forgets_the_last_rounds(tmp_path, monkeypatch):
-    (tmp_path / "rank-00003").write_text("143")  # torchrun's previous round of workers
+def test_a_rank_reports_its_code_over_its_own_earlier_report(tmp_path, monkeypatch):
+    monkeypatch.delenv(ROUND_ENV, raising=False)  # no agent numbering the rounds
+    (tmp_path / "rank-00003").write_text("143")  # an earlier run of this worker
     (tmp_path / "rank-00001").write_text("143")  # another rank's: not this one's to remove
     assert _report(tmp_path, monkeypatch, lambda: E.NONFINITE_LOSS) == E.NONFINITE_LOSS
     assert (tmp_path / "rank-00003").read_text().splitlines()[0] == "3"
     assert reported_exit_codes(tmp_path) == [143, 3]
+
+
+def _round(tmp_path, monkeypatch) -> None:
+    """What the torchrun agent does before it starts a round of workers."""
+    monkeypatch.setenv(ROUND_ENV, str(begin_round(tmp_path)))
+
+
+def test_a_stop_reported_under_another_rank_in_an_earlier_round_does_not_hide_the_last_rounds_crash(
+        tmp_path, monkeypatch):
+    """The agent re-ranks the nodes at every rendezvous round: this node's rank 5 of round 1 is its
+    rank 0 in round 2.  Round 1 was stopped (143, a membership change), round 2 crashed and torchrun
+    gave up (1): the node crashed, which the Job counts; 143 would be retried forever, uncounted."""
+    monkeypatch.setattr(exit_codes, "_failure_cause", [])
+    _round(tmp_path, monkeypatch)
+    assert _report(tmp_path, monkeypatch, lambda: E.PREEMPTED, rank="5") == E.PREEMPTED
+    _round(tmp_path, monkeypatch)
+    with pytest.raises(RuntimeError):
+        _report(tmp_path, monkeypatch, _crash, rank="0")
+    assert reported_exit_codes(tmp_path) == [E.CRASHED]
+    assert node_exit_code(1, reported_exit_codes(tmp_path), got_sigterm=False) == E.CRASHED
+    assert sorted(reported_exit_codes(tmp_path, every_round=True)) == [E.CRASHED, E.PREEMPTED]
+    assert exit_codes.first_failure(tmp_path) == (0, "RuntimeError: an unhandled error in round 2")
+
+
+def test_a_last_round_whose_ranks_were_killed_before_reporting_reports_nothing(tmp_path, monkeypatch):
+    _round(tmp_path, monkeypatch)
+    _report(tmp_path, monkeypatch, lambda: E.PREEMPTED, rank="1")
+    _round(tmp_path, monkeypatch)  # its workers were SIGKILLed before their first line
+    assert reported_exit_codes(tmp_path) == []
+    assert node_exit_code(1, reported_exit_codes(tmp_path), got_sigterm=False) == E.CRASHED
+
+
+def test_the_hopeless_watch_sees_a_permanent_code_of_a_round_that_has_ended(tmp_path, monkeypatch):
+    """torchrun may start the next round before the watch looks: a code no restart heals is final
+    whichever round wrote it."""
+    from trainer.parallel.hopeless_failure import HopelessFailureWatch
+
+    monkeypatch.setattr(exit_codes, "_failure_cause", [])
+    _round(tmp_path, monkeypatch)
+    with pytest.raises(RuntimeError):
+        _report(tmp_path, monkeypatch, _crash, rank="0")  # failed first, and a restart may heal it
+    _round(tmp_path, monkeypatch)
+    monkeypatch.setattr(exit_codes, "_failure_cause", [])
+
+    def bad_config():
+        exit_codes.record_failure_cause("instcls: error: a bad config")
+        return E.BAD_INPUT
+
+    _report(tmp_path, monkeypatch, bad_config, rank="1")
+    _round(tmp_path, monkeypatch)
+
+    class Torchrun:
+        terminated = False
+
+        def poll(self):
+            return None
+
+        def terminate(self):
+            self.terminated = True
+
+    lines, torchrun = [], Torchrun()
+    with HopelessFailureWatch(tmp_path, torchrun, every_s=0.01, write=lines.append) as watch:
+        deadline = time.time() + 10
+        while watch.stopped_for is None and time.time() < deadline:
+            time.sleep(0.01)
+    assert watch.stopped_for == E.BAD_INPUT and torchrun.terminated
+    assert lines[0].startswith("instcls launch: rank 1 exited 2 (BAD_INPUT): instcls: error: a bad config. ")
+
+
+def _crash():
+    raise RuntimeError("an unhandled error in round 2")
 
 
 @pytest.mark.parametrize("failure, code", [(SystemExit(2), E.BAD_INPUT), (SystemExit("bad"), E.CRASHED),
@@ -154,7 +230,6 @@ def test_the_readmes_tables_list_exactly_the_launchers_codes(readme):
 
 
 def test_a_failed_rank_leaves_its_cause_and_the_launcher_names_the_first(tmp_path, monkeypatch):
-    from trainer import exit_codes
     from trainer.parallel.launch_notices import failure_cause_line
 
     monkeypatch.setattr(exit_codes, "_failure_cause", [])
@@ -199,3 +274,18 @@ def test_a_node_waiting_for_the_rendezvous_says_so_until_a_rank_starts(tmp_path)
         time.sleep(0.1)
     assert said >= 2 and len(lines) == said, "no line after a rank started"
     assert lines[0].startswith("instcls launch: waited 0 s for the rendezvous of 2 node(s)")
+
+
+@pytest.mark.parametrize(("code", "started", "tail", "expected"), [
+    (E.CRASHED, True, "RendezvousConnectionError: The connection to the C10d store has failed", E.STORE_HOST_LOST),
+    (E.CRASHED, False, "RendezvousConnectionError: ...", E.CRASHED),  # never ran: a wrong endpoint, not a lost host
+    (E.CRASHED, True, "RuntimeError: CUDA out of memory", E.CRASHED),
+    (E.BAD_INPUT, True, "RendezvousConnectionError", E.BAD_INPUT),  # a permanent code stays
+    (E.PREEMPTED, True, "RendezvousConnectionError", E.PREEMPTED),
+])
+def test_a_lost_store_host_is_retried_where_a_crash_would_fail_the_job(code, started, tail, expected):
+    """The pod hosting the c10d store gone mid-run ends every other agent with torch's
+    RendezvousConnectionError: a code the ExitCode policy recreates (1 would fail the whole job)."""
+    from trainer.exit_codes import with_lost_store_host
+
+    assert with_lost_store_host(code, started, tail) == expected

@@ -245,14 +245,15 @@ def test_the_indexed_job_retries_a_preemption_uncounted_and_fails_fast_on_a_perm
 
 def test_the_pytorchjob_restarts_on_exit_codes_that_kubeflow_retries():
     """Kubeflow's ExitCode policy recreates a pod that exited 128-255 and fails the job on 1-127."""
-    from trainer.exit_codes import PERMANENT, RETRYABLE, ExitCode
+    from trainer.exit_codes import PERMANENT, RECREATED, RETRYABLE, ExitCode
 
     job = next(d for _, d in all_documents() if d["kind"] == "PyTorchJob")
     replicas = job["spec"]["pytorchReplicaSpecs"]
     assert {name: r["restartPolicy"] for name, r in replicas.items()} == {"Master": "ExitCode", "Worker": "ExitCode"}
     for code in set(ExitCode) - {ExitCode.FINISHED}:
         retried = 128 <= code <= 255
-        assert retried == (code in RETRYABLE), code  # crashes too are permanent: these retries are never counted
+        # crashes too are permanent (these retries are never counted); a lost store host is recreated
+        assert retried == (code in RETRYABLE | RECREATED), code
     assert all(1 <= code <= 127 for code in PERMANENT)
 
 
@@ -351,7 +352,13 @@ def test_the_elastic_overlays_change_only_the_node_count_and_the_rendezvous():
     worker = elastic["spec"]["pytorchReplicaSpecs"]["Worker"]
     elastic_args = worker["template"]["spec"]["containers"][0]["args"]
     assert elastic_args[-1] == ELASTIC_BATCH  # the one change to the pods: a batch every size splits
-    worker["template"]["spec"]["containers"][0]["args"] = elastic_args[:-1]
+    # and the fixed job's rendezvous flags, which would override the elasticPolicy's PET_* variables
+    fixed_args = replicas["Master"]["template"]["spec"]["containers"][0]["args"]
+    rendezvous = ("--node-rank", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--max-restarts")
+    assert [a for a in fixed_args if a.split("=")[0] in rendezvous] == fixed_args[:len(rendezvous)]
+    assert not [a for a in elastic_args if a.split("=")[0] in rendezvous]
+    assert elastic_args[:-1] == fixed_args[len(rendezvous):]
+    worker["template"]["spec"]["containers"][0]["args"] = fixed_args
     assert worker["replicas"] == policy["maxReplicas"] and worker["template"] == replicas["Master"]["template"]
     conf = {entry["key"]: int(entry["value"]) for entry in policy["rdzvConf"]}
     assert conf["last_call_timeout"] >= 60 and conf["join_timeout"] >= conf["last_call_timeout"]

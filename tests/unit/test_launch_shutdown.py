@@ -88,7 +88,7 @@ def test_the_agent_stops_its_own_workers_with_the_shutdown_timeout_not_torch_s_3
         def _shutdown(self, death_sig=signal.SIGTERM, timeout=30):
             self.timeouts.append(timeout)
 
-    original = LocalElasticAgent._stop_workers
+    original, start = LocalElasticAgent._stop_workers, LocalElasticAgent._start_workers
     agent = Agent()
     original(agent, None)
     assert agent.timeouts == [30]  # torch's own: the fixed default
@@ -96,5 +96,26 @@ def test_the_agent_stops_its_own_workers_with_the_shutdown_timeout_not_torch_s_3
         patch_agent()
         LocalElasticAgent._stop_workers(agent, None)
     finally:
-        LocalElasticAgent._stop_workers = original
+        LocalElasticAgent._stop_workers, LocalElasticAgent._start_workers = original, start
     assert agent.timeouts == [30, 570]
+
+
+def test_the_agent_numbers_each_round_it_starts_and_tells_its_workers_the_shutdown_timeout(tmp_path, monkeypatch):
+    """The launcher judges the newest round's exit reports only; a stopping rank's checkpoint retries
+    keep within the shutdown timeout."""
+    from trainer.exit_codes import EXIT_CODE_ENV, ROUND_ENV, newest_round
+    from trainer.parallel import torchrun_agent
+    from trainer.parallel.shutdown_clock import SHUTDOWN_TIMEOUT_ENV
+
+    started = []
+    monkeypatch.setattr(torchrun_agent, "_start_workers", lambda agent, group: started.append(
+        (os.environ[ROUND_ENV], os.environ[SHUTDOWN_TIMEOUT_ENV])))
+    for name in (EXIT_CODE_ENV, ROUND_ENV, SHUTDOWN_TIMEOUT_ENV):
+        monkeypatch.setenv(name, str(tmp_path) if name == EXIT_CODE_ENV else "")
+
+    class Agent:
+        _shutdown_timeout = 570
+
+    torchrun_agent._start_numbered_round(Agent(), None)
+    torchrun_agent._start_numbered_round(Agent(), None)  # a membership change: the same restart count
+    assert started == [("1", "570"), ("2", "570")] and newest_round(tmp_path) == 2

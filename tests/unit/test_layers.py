@@ -4,7 +4,7 @@ cycle, they do not remove it), and the library layers of the trainer reach the d
 through its contract module.  A failure names the offending import.
 
     foundation < parallel < optim < data < observability < models < classifier < objectives < config
-               < checkpoint < evaluation < engine < planning < tools < cli < api
+               < checkpoint < provenance < evaluation < planning < elastic < engine < export < tools < cli < api
 
 The package ``trainer`` itself (its ``__init__``: ``trainer.train``, ``Trainer``, ``load_job_config``,
 imported on first use) is the API layer on top; a module of the package that no layer lists is an
@@ -33,15 +33,18 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("models", ("trainer.models",)),
     ("classifier", ("trainer.classifier",)),  # a second kernel backend goes in trainer/classifier/kernel/
     ("objectives", ("trainer.objectives",)),
-    ("config", ("trainer.config_building", "trainer.eval_config", "trainer.config")),
+    # the job config, with what it reads of DeepSpeed's file (config_deepspeed) and its sections' settings
+    ("config", ("trainer.config_building", "trainer.eval_config", "trainer.config", "trainer.config_elastic",
+                "trainer.config_deepspeed")),
     ("checkpoint", ("trainer.checkpoint",)),
     ("provenance", ("trainer.provenance",)),  # run.json: what made a run, written by the engine, read by export
     ("evaluation", ("trainer.evaluation",)),
+    # the memory planner: objectives describe their state, it reads configs and DeepSpeed's settings; the
+    # elastic check at the smallest size asks it
+    ("planning", ("trainer.planning",)),
     ("elastic", ("trainer.elastic",)),  # the global batch across world sizes, what a restart cost
     ("engine", ("trainer.engine",)),
     ("export", ("trainer.export",)),  # a checkpoint's backbone out to timm / torchvision, with its model card
-    # the memory planner: objectives describe their state, it reads configs and DeepSpeed's settings
-    ("planning", ("trainer.planning",)),
     ("tools", ("trainer.bench", "trainer.drills", "trainer.selftest", "trainer.ablations", "trainer.dry_run",
                "trainer.rehearsal")),
     ("cli", ("trainer.cli",)),

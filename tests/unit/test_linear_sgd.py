@@ -1,7 +1,7 @@
 """The data-parallel linear probe (``eval.linear.method: sgd``) in one process: every head of the
 sweep follows the same steps as torch's own SGD on ``F.cross_entropy`` (an independent reference),
-its memory stays within its rows plus one batch, the method follows the bank's size, and
-``eval.linear``'s values are checked."""
+its memory stays within its rows plus one batch and its plan (``linear_probe_bytes``) holds the
+measured peak within 5%, the method follows the bank's size, and ``eval.linear``'s values are checked."""
 
 from __future__ import annotations
 
@@ -17,7 +17,15 @@ from tests.helpers.training import REPO
 from trainer.config import ConfigError, load_job_config
 from trainer.eval_config import LinearProbeSection
 from trainer.evaluation.features import LocalFeatures
-from trainer.evaluation.linear_sgd import ProbeGrid, _batches, _fit, _Heads, _standardiser, linear_probe
+from trainer.evaluation.linear_sgd import (
+    ProbeGrid,
+    _batches,
+    _fit,
+    _Heads,
+    _standardiser,
+    linear_probe,
+    linear_probe_bytes,
+)
 
 CLASSES, WIDTH = 5, 12
 
@@ -80,10 +88,35 @@ def test_the_probe_holds_its_rows_one_batch_and_the_heads_not_a_copy_of_the_bank
     peak = memory.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
     stored = (rows + 500) * (width * 4 + 16)  # features, labels, ids of the bank and the queries
     one_batch = batch * (width + 2 * 2 * 10) * 4  # its rows, standardised, and two heads' logits
-    heads = 3 * 2 * 10 * (width + 1) * 4
+    heads = 5 * 2 * 10 * (width + 1) * 4  # weights, momentum, gradient, decay, learning rate
     assert heads < 0.05 * stored
     assert rows * width * 4 <= peak <= 1.2 * (stored + one_batch), (peak, stored, one_batch)
     assert 2 * rows * width * 4 > 1.2 * (stored + one_batch)  # a copy of the bank would not fit
+
+
+@pytest.mark.parametrize(("rows", "width", "classes", "heads", "batch", "held_out", "queries", "fractions"), [
+    # 2 heads x 200 classes x 513 over 2 label fractions: the state is 5 of the peak's 7.1 vectors and the
+    # update's product 1 more; a plan of 3 vectors, or two grids held at once, is off by a quarter or more
+    pytest.param(400, 512, 200, 2, 16, 0.05, 20, (0.5, 1.0), id="heads-state"),
+    # 1,200 held-out rows x 16 features: a block of 1,024 with 4 heads' logits of 500 classes, twice
+    pytest.param(12000, 16, 500, 4, 512, 0.1, 50, (1.0,), id="scored-block"),
+    pytest.param(8000, 256, 10, 2, 512, 0.1, 500, (0.5, 1.0), id="bank-rows"),  # the test above's shapes
+])
+def test_the_plan_holds_the_measured_peak_within_5_percent(rows, width, classes, heads, batch, held_out, queries,
+                                                             fractions):
+    """Tensor allocations (MemTracker, the bank's rows the probe reads included) against
+    ``linear_probe_bytes``, where the heads' state, a scored block or the bank makes most of the
+    peak: the plan is at least the peak and at most 5% above it."""
+    grid = ProbeGrid(learning_rates=tuple(0.1 * (index + 1) for index in range(heads)), weight_decays=(0.0,),
+                     epochs=1, batch_size=batch, momentum=0.9, held_out=held_out, seed=0)
+    bank = _blobs(rows, width=width, classes=classes)
+    query_set = _blobs(queries, seed=1, width=width, classes=classes)
+    with MemTracker() as memory:
+        linear_probe(bank, query_set, grid, None, fractions=fractions)
+    peak = memory.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+    planned = sum(linear_probe_bytes(rows, width, classes, heads, batch, 1, queries=queries,
+                                     held_out=held_out).values())
+    assert peak <= planned <= 1.05 * peak, (planned / peak, peak, planned)
 
 
 def test_the_probe_separates_blobs_and_picks_by_the_held_out_rows():

@@ -9,7 +9,9 @@ its failure), and only when all wrote does it write the manifest and ``trainer.j
 ``step_N.tmp`` to ``step_N`` and delete checkpoints beyond ``keep_last``; it then tells every rank
 how the save ended.  At most one save is in flight: the next save, a blocking save (the
 preemption's, the last one) and ``wait`` all wait for it first, and raise its failure on every rank
-together.  A rank killed while writing leaves ``step_N.tmp``, never taken for a checkpoint.
+together.  A rank killed while writing leaves ``step_N.tmp``, never taken for a checkpoint.  Each of
+the writes (and the checksums' reads) is tried again through a transient storage error, one file
+at a time, never the collective save as a whole (``write_retry``).
 
 Why the writer threads have a gloo process group of their own: their saves are collective (DCP
 plans and writes its metadata over a group, and the commit needs every rank's outcome), and
@@ -44,6 +46,7 @@ from trainer.checkpoint.checkpoint_files import (
 from trainer.checkpoint.components import DirectoryState, SaveJob, Stateful, plan_checkpoint
 from trainer.checkpoint.save_guard import CheckpointInterrupted, CheckpointWriteError
 from trainer.checkpoint.save_plan import HostStager, unstaged, write_plan
+from trainer.checkpoint.write_retry import rename_once, retry_transient
 from trainer.failpoints import fail_point, slow_save
 from trainer.parallel import ParallelDims
 from trainer.parallel.device_threads import device_thread_pool
@@ -146,7 +149,7 @@ class AsyncCheckpointer:
         try:
             with job.space.reporting_failures(job.tmp, rank, remove_partial=False):
                 written = write_plan(job.tmp, job.plan, job.step, self.group)
-                checksums = file_checksums(job.tmp, written)
+                checksums = retry_transient(lambda: file_checksums(job.tmp, written), f"checksumming {job.tmp}")
         except BaseException as error:  # noqa: B036 -- this rank still reports, or the others wait forever
             failure = error
         job.plan = []  # the host copies are the stager's to reuse; nothing here holds them longer
@@ -199,13 +202,14 @@ class AsyncCheckpointer:
             return failed[0]["error"]
         entries = {name: entry for r in reports for name, entry in r["checksums"].items()}
         with job.space.reporting_failures(job.tmp, 0):
-            write_manifest(job.tmp, entries)
-            (job.tmp / TRAINER_FILE).write_text(json.dumps(job.meta, indent=1))
+            retry_transient(lambda: write_manifest(job.tmp, entries), f"writing {job.tmp.name}/manifest.json")
+            meta = json.dumps(job.meta, indent=1)
+            retry_transient(lambda: (job.tmp / TRAINER_FILE).write_text(meta), f"writing {job.tmp.name}/{TRAINER_FILE}")
             fail_point("checkpoint.before_rename", job.step)
             slow_save(job.step)  # a drill's stand-in for a large checkpoint's write
             if job.final.exists():  # the same step from an earlier run started with --resume none
                 shutil.rmtree(job.final)
-            job.tmp.rename(job.final)
+            retry_transient(lambda: rename_once(job.tmp, job.final), f"renaming {job.tmp.name}")
         fail_point("checkpoint.after_rename", job.step)
         # the newest keep_last complete ones stay, the one just written among them
         for old in complete_checkpoints(self.directory)[:-self.keep_last]:

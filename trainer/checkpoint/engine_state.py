@@ -21,6 +21,7 @@ is part of the step's stall (for ResNet-50, ~100 MB per fp32 copy).
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from torch import nn
@@ -35,9 +36,10 @@ from trainer.checkpoint.optimizer_state import (
 )
 from trainer.checkpoint.safe_load import load_data, refuse_pickled_code
 from trainer.checkpoint.save_plan import FailPoint, FileWrite, HostBuffers, SavePlan
+from trainer.checkpoint.write_retry import save_torch_file
 from trainer.failpoints import fail_point
 from trainer.parallel import ParallelDims
-from trainer.parallel.deepspeed_import import CheckpointEngine, deepspeed
+from trainer.parallel.deepspeed_import import CheckpointEngine, TorchCheckpointEngine, deepspeed
 
 DEEPSPEED_FOLDER = "deepspeed"
 
@@ -54,7 +56,14 @@ class _CapturedFiles(CheckpointEngine):
         pass
 
     def save(self, state_dict, path: str) -> None:
-        self.files.append(FileWrite(str(Path(path).relative_to(self.root)), state_dict, save=self.real.save))
+        self.files.append(FileWrite(str(Path(path).relative_to(self.root)), state_dict, save=self._writer()))
+
+    def _writer(self):
+        """DeepSpeed's default engine's ``torch.save``, in its format, through ``save_torch_file``: a
+        failed write then keeps its errno, and a transient one is tried again; others as they are."""
+        if type(self.real) is TorchCheckpointEngine:
+            return partial(save_torch_file, zipfile=bool(self.real.zipfile_serialization))
+        return self.real.save
 
     def makedirs(self, path, exist_ok=False) -> None:
         self.real.makedirs(path, exist_ok=exist_ok)

@@ -16,6 +16,9 @@ What DCP does not give, and is done here:
 * Completeness.  DCP loads whatever overlaps and leaves rows no chunk covers untouched; missing
   rows are refused here (a rank's file lost).
 * Which files a rank wrote (for its CRCs): recorded from the writer's results.
+* Retries.  A rank's write of its files and the coordinator's of ``.metadata`` are each tried again
+  through a transient storage error (``write_retry``): local to the rank, inside the collective
+  save every rank enters once.
 
 DCP's ``async_save`` is not used as a whole: a checkpoint here is also DeepSpeed's files, the RNG
 and ``trainer.json``, committed together by one atomic rename after one manifest, so the staging
@@ -38,6 +41,7 @@ from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadat
 
 from trainer.checkpoint.safe_load import UnsafeCheckpointError
 from trainer.checkpoint.save_guard import PeerSaveFailed
+from trainer.checkpoint.write_retry import retry_transient
 from trainer.parallel.sharded_state import missing_rows
 
 # A single process (no job) runs DCP without collectives, as asked; DCP warns each time that it assumes so.
@@ -74,12 +78,14 @@ class _RecordingWriter(dcp.FileSystemWriter):
         self.written: list[str] = []
 
     def write_data(self, plan, planner):
-        future = super().write_data(plan, planner)
+        write = super().write_data
+        future = retry_transient(lambda: write(plan, planner), f"writing rows into {self.path}")
         self.written += sorted({result.storage_data.relative_path for result in future.wait()})
         return future
 
     def finish(self, metadata, results) -> None:
-        super().finish(metadata, results)
+        finish = super().finish
+        retry_transient(lambda: finish(metadata, results), f"writing {Path(self.path) / METADATA_FILE}")
         self.written.append(METADATA_FILE)  # the coordinator's
 
 

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.checkpoint.checkpoint_files import checkpoint_bytes
+from trainer.checkpoint.write_retry import is_transient_write_error
 from trainer.parallel import ParallelDims
 
 
@@ -49,10 +50,12 @@ class SpacePlan:
     expected_bytes: int
     free_bytes: int
 
-    def _advice(self) -> str:
-        kept = f"The previous checkpoint {self.previous} is complete and untouched" if self.previous else \
+    def _kept(self) -> str:
+        return f"The previous checkpoint {self.previous} is complete and untouched" if self.previous else \
             "There is no earlier complete checkpoint"
-        return (f"{kept}. Free space on {self.directory}'s filesystem, lower checkpoint.keep_last or point "
+
+    def _advice(self) -> str:
+        return (f"{self._kept()}. Free space on {self.directory}'s filesystem, lower checkpoint.keep_last or point "
                 "checkpoint.dir at a bigger volume, then resume with --resume auto.")
 
     @contextmanager
@@ -77,6 +80,12 @@ class SpacePlan:
                 raise
             if rank == 0 and remove_partial:
                 shutil.rmtree(tmp, ignore_errors=True)  # give the space back; the run stops here
+            if is_transient_write_error(error):  # not about space: write_retry tried it again already
+                raise CheckpointWriteError(
+                    f"rank {rank} could not write checkpoint {tmp.with_suffix('')}: {error}, which is often transient "
+                    "(a network filesystem's failover) but went on when the write was tried again (see the lines "
+                    f"above). {self._kept()}. Check the storage of {self.directory}, then resume with --resume auto."
+                ) from None
             needed = f"about {self.expected_bytes:,} bytes" if self.expected_bytes else "an unknown number of bytes"
             raise CheckpointWriteError(
                 f"rank {rank} could not write checkpoint {tmp.with_suffix('')}: {error}. A checkpoint needs {needed}; "

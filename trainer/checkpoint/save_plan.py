@@ -1,12 +1,13 @@
 """What one save writes (a plan), its snapshot (the only part of a save a step waits for), and writing it.
 
 Every checkpoint entry turns its state into a list of writes (``SavePlan``): files (``FileWrite``,
-each with the function that writes it: ``torch.save``, or DeepSpeed's own checkpoint engine for
-its files), the row-sharded tensors of a component (``RowsWrite``, stored through DCP) and the
-fail points of the drills between them.  Until ``HostStager.stage`` runs, their tensors are the
-live ones; staging copies them to host memory so that training may change the originals while a
-writer thread writes the copies.  A blocking save skips staging and writes the live tensors
-(nothing changes them while the caller waits).
+each with the function that writes it: ``torch.save`` keeping a failed write's errno
+(``write_retry.save_torch_file``), or DeepSpeed's own checkpoint engine for its files; each file is
+tried again through a transient storage error), the row-sharded tensors of a component
+(``RowsWrite``, stored through DCP) and the fail points of the drills between them.  Until
+``HostStager.stage`` runs, their tensors are the live ones; staging copies them to host memory so
+that training may change the originals while a writer thread writes the copies.  A blocking save
+skips staging and writes the live tensors (nothing changes them while the caller waits).
 
 Staging uses DCP's ``DefaultStager``: it keeps tensors that share memory sharing it, pins the host
 copies and copies without blocking on CUDA (then waits for the copies once), and keeps the host
@@ -22,6 +23,7 @@ from __future__ import annotations
 import copy
 import os
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable, Union
 
@@ -30,6 +32,7 @@ import torch
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from trainer.checkpoint.row_checkpoint import checkpointable, save_rows
+from trainer.checkpoint.write_retry import retry_transient, save_torch_file
 from trainer.failpoints import fail_point
 from trainer.parallel.sharded_state import ShardedRows
 
@@ -44,7 +47,7 @@ class FileWrite:
     path: str
     payload: object
     owned: bool = False
-    save: Callable[[object, Path], None] = torch.save
+    save: Callable[[object, Path], None] = save_torch_file
 
 
 @dataclass
@@ -173,6 +176,11 @@ def unstaged(plan: SavePlan) -> SavePlan:
             if isinstance(item, RowsWrite) else item for item in plan]
 
 
+def _write_file(path: Path, item: FileWrite) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    item.save(item.payload, str(path))  # opens it afresh: a retry writes it again from its start
+
+
 def write_plan(directory: Path, plan: SavePlan, step: int | None, group) -> list[str]:
     """Write ``plan`` into ``directory``; returns the files written, relative to it.  Collective over
     ``group`` (one DCP save per ``RowsWrite``, on every rank).  After a failure the remaining files
@@ -189,8 +197,7 @@ def write_plan(directory: Path, plan: SavePlan, step: int | None, group) -> list
             elif failure is not None:
                 continue
             elif isinstance(item, FileWrite):
-                (directory / item.path).parent.mkdir(parents=True, exist_ok=True)
-                item.save(item.payload, str(directory / item.path))
+                retry_transient(partial(_write_file, directory / item.path, item), f"writing {item.path}")
                 written.append(item.path)
             else:
                 fail_point(item.name, step)

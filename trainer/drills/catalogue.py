@@ -5,9 +5,10 @@ Every drill returns a ``DrillResult``; ``passed`` is computed from what the job 
 printed, never assumed.  Jobs train the embedded digits for 4 steps with a checkpoint every 2.
 The drills live by what they break: ``crashes`` (kills, a full disk, a damaged checkpoint),
 ``preemption`` (SIGTERM, to the launcher or to one rank), ``nonfinite`` (NaN losses), ``ports``
-(taken ports), ``tampered_files`` (a checkpoint or shard altered on disk), ``node_faults`` (a whole
-node of a two-node job lost, preempted or never started), ``elastic`` (a node lost for good
-under ``--nnodes 1:2``, and back); ``context`` holds what they share.
+(taken ports), ``tampered_files`` (a checkpoint or shard altered on disk), ``node_faults`` (a node
+that never starts), ``overlay_drills`` (each multi-node overlay's own pods, ``trainer.drills.pods``:
+a pod replaced, preempted or deleted, a node lost for good and back); ``context`` holds what
+they share.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from trainer.drills.crashes import (
     rank_killed_mid_step,
     rank_killed_while_saving,
 )
-from trainer.drills.elastic import node_lost_for_good, node_returns
-from trainer.drills.node_faults import node_lost_and_replaced, node_never_arrives, node_preempted, store_host_lost
+from trainer.drills.node_faults import node_never_arrives
 from trainer.drills.nonfinite import loss_becomes_nan, nan_step_skipped
+from trainer.drills.overlay_drills import overlay_drills
 from trainer.drills.ports import metrics_port_taken, rendezvous_port_taken, taken_port
 from trainer.drills.preemption import peer_preempted, preempted_with_sigterm
 from trainer.drills.tampered_files import (
@@ -51,12 +52,7 @@ DRILLS: dict[str, Callable[[DrillContext], DrillResult]] = {
     "checkpoint-with-pickled-code": checkpoint_with_pickled_code,
     "shard-damaged-mid-run": shard_damaged_mid_run,
     "shard-damaged-skipped": shard_damaged_skipped,
-    "node-lost-and-replaced": node_lost_and_replaced,
-    "node-preempted": node_preempted,
-    "store-host-lost": store_host_lost,
     "node-never-arrives": node_never_arrives,
-    "node-lost-for-good": node_lost_for_good,
-    "node-returns": node_returns,
+    **overlay_drills(),  # OVERLAY/DRILL: the overlays' own pods
 }
-NODE_DRILLS = ("node-lost-and-replaced", "node-preempted", "store-host-lost", "node-never-arrives",  # two agents
-               "node-lost-for-good", "node-returns")
+NODE_DRILLS = ("node-never-arrives", *overlay_drills())  # several agents: tests/integration/test_pod_drills.py

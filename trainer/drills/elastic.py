@@ -1,5 +1,5 @@
-"""Elastic drills: a two-node job launched with ``--nnodes 1:2`` loses a node for good and goes on
-with the one it has, then gets it back and grows again.
+"""How the elastic drills (``overlay_drills``: a two-node job launched with ``--nnodes 1:2`` loses a
+node for good and goes on with the one it has, then gets it back and grows again) are judged.
 
 What is compared with the uninterrupted 2-node run over the same samples in the same order:
 
@@ -21,13 +21,8 @@ What is compared with the uninterrupted 2-node run over the same samples in the 
 
 from __future__ import annotations
 
-import time
-
-from trainer.checkpoint.checkpoint_files import checkpoint_name
-from trainer.drills.context import CADENCE, DrillContext, DrillResult, recovery_time
-from trainer.drills.jobs import Job, accounting_difference, final_run_records
-from trainer.drills.node_faults import WAITS, _held, _lose_mid_step
-from trainer.drills.two_nodes import VOLUMES, TwoNodeJob
+from trainer.drills.context import CADENCE, DrillContext
+from trainer.drills.jobs import Job, final_run_records
 from trainer.observability.report import RunLogs
 
 # The first step after the change: its loss as the log rounds it (5 decimals), give or take one digit.
@@ -41,11 +36,9 @@ LOSS_TOLERANCE = 5e-3
 ELASTIC = CADENCE + ["model.batch_norm=sync"]
 FOUR_STEPS = ELASTIC + ["max_steps=4"]
 SIX_STEPS = ELASTIC + ["max_steps=6"]
-# A round that has its one required node waits this long for the other: longer than an agent takes
-# to start here (imports, ~10 s on 2 busy cores), so both nodes start the job together.
-LAST_CALL_S = 20
-# node-returns: the save its return triggers outlasts torch's fixed 30 s, inside the agents' timeout
-SLOW_SAVE_S, SHUTDOWN_TIMEOUT_S = 40, 120
+# node-returns: the save its return triggers outlasts torch's fixed 30 s, inside the agents' shutdown
+# timeout (the overlays' grace period less 30 s)
+SLOW_SAVE_S = 40
 
 
 def loss_curve(job: Job) -> dict[int, float]:
@@ -94,66 +87,6 @@ def _uninterrupted(context: DrillContext, name: str, overrides: list[str]) -> Jo
     if not list((job.run_dir / "logs").glob("rank-*.jsonl")) or not loss_curve(job):
         job = context._finished_job(name, overrides)
     return job
-
-
-def node_lost_for_good(context: DrillContext) -> DrillResult:
-    """Node 1's agent and worker SIGKILLed in step 3, never replaced.  Node 0's agent restarts its
-    rank into the next rendezvous round, which completes with one node; it resumes the step-2
-    checkpoint on 1 rank with the same global batch and finishes."""
-    reference = _uninterrupted(context, "uninterrupted-sync-4", FOUR_STEPS)
-    with TwoNodeJob(context.directory("node-lost-for-good"), context.shards, overrides=list(FOUR_STEPS), min_nodes=1,
-                    last_call_s=LAST_CALL_S) as job:
-        survivor, victim = job.start(0), job.start(1, _held(3))
-        fault = _lose_mid_step(job, victim)
-        code = job.wait([survivor])[0]
-    record = (restarts(job.job) or [{}])[-1]
-    accounting, counted = accounting_difference(job.shared, reference.run_dir)
-    curves, summary = compare_curves(job.job, reference, exact_until=2)
-    shrunk = record.get("previous_world_size") == 2 and record.get("world_size") == 1
-    resumed = f"resumed from {VOLUMES}/checkpoints/{checkpoint_name(2)}" in job.output()
-    return DrillResult(
-        "node-lost-for-good", "node 1's agent and worker SIGKILLed in step 3, no replacement (--nnodes 1:2)",
-        f"node 0 exited {code}; it went on alone from the step-2 checkpoint: {shrunk and resumed} "
-        f"({record.get('steps_lost')} steps lost, training stood still {record.get('stopped_seconds')} s); "
-        + (accounting or f"each of the {counted} ids of steps 1-4 consumed once, at the same step") + f"; {summary}",
-        curves or accounting or f"none: every id consumed once; {record.get('steps_lost')} steps trained again",
-        recovery_time(job.job, fault) if fault else None,
-        fault is not None and code == 0 and shrunk and resumed and accounting is None and curves is None)
-
-
-def node_returns(context: DrillContext) -> DrillResult:
-    """As node-lost-for-good, 6 steps; node 0, alone, is held in step 4 until node 1 comes back.
-    Its agent then stops its rank for the new member (SIGTERM: the rank saves where it is), and the
-    job grows back to 2 nodes from that save, losing no step.  That save takes ``SLOW_SAVE_S`` (40 s,
-    ``INSTCLS_SLOW_SAVE``): longer than the 30 s torch's agent gives its own workers on a membership
-    change, so it completes only because `instcls launch`'s torchrun stops them with the
-    ``--shutdown-timeout`` (``trainer.parallel.torchrun_agent``)."""
-    reference = _uninterrupted(context, "uninterrupted-sync-6", SIX_STEPS)
-    with TwoNodeJob(context.directory("node-returns"), context.shards, overrides=list(SIX_STEPS),
-                    min_nodes=1, last_call_s=LAST_CALL_S, shutdown_timeout_s=SHUTDOWN_TIMEOUT_S) as job:
-        survivor = job.start(0, _held(4), once="held-alone", INSTCLS_SLOW_SAVE=f"{SLOW_SAVE_S},step=4")
-        victim = job.start(1, _held(3))
-        fault = _lose_mid_step(job, victim)
-        alone = survivor.wait_for("restart 1: 2 -> 1 ranks", timeout=300) and survivor.wait_for(WAITS, timeout=300)
-        returned_at = time.time()
-        back = job.start(1)
-        codes = job.wait([survivor, back])
-    changes = restarts(job.job)
-    sizes = [(r["previous_world_size"], r["world_size"]) for r in changes]
-    grew = changes[-1] if len(changes) == 2 else {}
-    accounting, counted = accounting_difference(job.shared, reference.run_dir)
-    curves, summary = compare_curves(job.job, reference, exact_until=2)
-    replicated = replicated_difference(job.job, step=6)
-    return DrillResult(
-        "node-returns", "node 1 lost in step 3 (--nnodes 1:2), back while node 0 trains alone in step 4",
-        f"world sizes {' then '.join(f'{a} -> {b}' for a, b in sizes)}; exits (node 0, node 1) {codes}; on its "
-        f"return {grew.get('steps_lost')} steps lost, training stood still {grew.get('stopped_seconds')} s; "
-        + (accounting or f"each of the {counted} ids of steps 1-6 consumed once, at the same step") + f"; {summary}",
-        curves or accounting or replicated
-        or f"none: every id consumed once; on the return {grew.get('steps_lost')} steps trained again",
-        recovery_time(job.job, returned_at) if alone else None,
-        fault is not None and alone and codes == [0, 0] and sizes == [(2, 1), (1, 2)] and grew.get("steps_lost") == 0
-        and accounting is None and curves is None and replicated is None)
 
 
 def replicated_difference(job: Job, step: int) -> str | None:

@@ -6,7 +6,9 @@ throughput timer does, twice a step, from step 3 on).  ``DeviceWaitCounter`` wra
 for the length of a block and records who called it, so a test or a benchmark can count the waits
 of DeepSpeed's real engine on any machine: on CPU ranks the accelerator's ``synchronize`` does
 nothing, but it is still called, and counted.  Each record keeps its thread: a worker thread that
-waits on its own stream (the PIC prefetch's side stream) does not stall the training thread.
+waits on its own stream (the PIC prefetch's side stream) does not stall the training thread.  A wait
+is counted once, where it was asked for: on CUDA the accelerator's ``synchronize`` calls
+``torch.cuda.synchronize``, which is wrapped too, and a wrapped call made inside another is not counted.
 """
 
 from __future__ import annotations
@@ -39,16 +41,23 @@ class DeviceWaitCounter:
 
     def __post_init__(self) -> None:
         self._stack = ExitStack()
+        self._inside = threading.local()  # .depth: wrapped calls under way on this thread
 
     def _wrap(self, owner, name: str, label: str) -> None:
         original = getattr(owner, name)
 
         def counted(*args, **kwargs):
-            wait = DeviceWait(label, caller(), threading.get_ident())
-            self.records.append(wait)
-            if self.sink is not None and self.thread in (None, wait.thread):
-                self.sink.append(f"{wait.call} at {wait.where}")
-            return original(*args, **kwargs)
+            depth = getattr(self._inside, "depth", 0)
+            if depth == 0:
+                wait = DeviceWait(label, caller(), threading.get_ident())
+                self.records.append(wait)
+                if self.sink is not None and self.thread in (None, wait.thread):
+                    self.sink.append(f"{wait.call} at {wait.where}")
+            self._inside.depth = depth + 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._inside.depth = depth
 
         own = name in vars(owner)  # else inherited from the class: restored by removing the wrapper
         setattr(owner, name, counted)

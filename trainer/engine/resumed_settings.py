@@ -8,12 +8,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
+
 from trainer.checkpoint.safe_load import load_data
 from trainer.elastic.global_batch import BatchSplit, split_global_batch
+from trainer.elastic.smallest_size_memory import check_smallest_size_memory
 from trainer.elastic.world_range import check_elastic_range
 from trainer.parallel.elastic_range import world_sizes_from_environment
 
 SAMPLER_COMPONENT = "components/sampler"  # the training sampler's state in a checkpoint (its seed among it)
+CPU = torch.device("cpu")
 
 
 @dataclass(frozen=True)
@@ -32,8 +36,11 @@ def recorded_loader_seed(checkpoint: Path) -> int | None:
     return None if seed is None else int(seed)
 
 
-def settings_for_this_run(config, world_size: int, resumed: Path | None, resumed_meta: dict | None) -> RunSettings:
-    """``config`` with the per-rank batch and the loader seed this run must use on ``world_size`` ranks."""
+def settings_for_this_run(config, world_size: int, resumed: Path | None, resumed_meta: dict | None,
+                          device: torch.device = CPU, num_instances: int | None = None) -> RunSettings:
+    """``config`` with the per-rank batch and the loader seed this run must use on ``world_size`` ranks.
+    On the first start of an elastic launch, also the memory of ``device`` (the rank's) at the range's
+    smallest size, planned for ``num_instances`` (None: the training shards' count)."""
     loader = config.data.loader
     saved = (resumed_meta.get("global_batch"), resumed_meta["world_size"]) if resumed_meta else (None, None)
     world_sizes = world_sizes_from_environment()  # an elastic launch's range (None: a job of fixed size)
@@ -43,6 +50,9 @@ def settings_for_this_run(config, world_size: int, resumed: Path | None, resumed
                         config.objective.sizes_split_over_ranks())
     split = split_global_batch(loader.batch_size, world_size, *saved, largest_world_size=largest)
     notes = [split.describe()] if resumed is not None or split.changed else []
+    # the first start only: a restart keeps the global batch checked then (and may find the last run's memory)
+    if resumed is None and (memory := check_smallest_size_memory(config, world_sizes, device, num_instances)):
+        notes.append(memory)
     if split.changed:
         loader = replace(loader, batch_size=split.per_rank)
     seed = recorded_loader_seed(resumed) if resumed is not None else None

@@ -26,6 +26,8 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
+from trainer.parallel import shutdown_clock
+
 
 class NonFiniteLossError(RuntimeError):
     pass
@@ -41,10 +43,12 @@ class StopSignal:
         self._requested = False
         self._control_group = control_group
         self._pending: tuple[dist.Work | None, torch.Tensor] | None = None  # the last step's reduction
+        shutdown_clock.shutdown_timeout_s()  # a bad value fails now, not during a stop
         self._previous = signal.signal(signal.SIGTERM, self._handle)
 
     def _handle(self, signum, frame) -> None:
         self._requested = True
+        shutdown_clock.begin_shutdown()  # the SIGKILL follows after the agent's shutdown timeout
 
     @property
     def requested(self) -> bool:

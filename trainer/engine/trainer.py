@@ -32,6 +32,7 @@ from trainer.checkpoint.components import FieldsState, load_checkpoint
 from trainer.checkpoint.engine_state import EngineState
 from trainer.checkpoint.initial_weights import starting_network
 from trainer.checkpoint.rng_state import RngState
+from trainer.checkpoint.run_end import finished_run_note
 from trainer.checkpoint.run_fingerprint import refuse_another_jobs_checkpoint, run_fingerprint
 from trainer.classifier.classifier_config import HeadSettings
 from trainer.config import JobConfig
@@ -45,7 +46,7 @@ from trainer.engine.run_record import RunRecord
 from trainer.engine.schedule import StepSchedules, refuse_unused_objective_settings, scaled_lr
 from trainer.engine.step_skipping import StepSkipper
 from trainer.engine.stop_conditions import NonFiniteWatch, StopSignal
-from trainer.engine.training_eval import TrainingEvaluation
+from trainer.engine.training_eval import TrainingEvaluation, evaluate_finished_run
 from trainer.engine.view_forward import forward_views
 from trainer.failpoints import fail_point, wait_point
 from trainer.models.backbone import model_input
@@ -102,7 +103,13 @@ class Trainer:
                                       dims.control_group if dims.is_distributed else None)
         self.record.run = self.run_token
         self.resumed_meta = read_trainer_meta(resumed) if resumed is not None else None
-        settings = settings_for_this_run(config, dims.world_size, resumed, self.resumed_meta)
+        self.resumed, self.finished_note = resumed, finished_run_note(resumed, self.resumed_meta, config.optim.epochs)
+        if self.finished_note is not None:  # a finished run: train() says so, trains and evaluates nothing
+            refuse_another_jobs_checkpoint(resumed, run_fingerprint(config, self.num_instances))  # as on any resume
+            self.state = TrainerState(*(self.resumed_meta[key] for key in ("epoch", "step_in_epoch", "global_step")))
+            return
+        settings = settings_for_this_run(config, dims.world_size, resumed, self.resumed_meta, dims.device,
+                                         manifest.num_instances)
         config = self.config = settings.config
         for note in settings.notes:
             self._say(note)
@@ -227,6 +234,9 @@ class Trainer:
 
     def train(self) -> TrainResult:
         try:
+            if self.finished_note is not None:
+                self._say(self.finished_note)
+                return TrainResult(self.state, "finished", self.resumed)
             return self._train()
         finally:
             self.log.close()  # and its TensorBoard events, flushed: on a NaN stop or a crash too
@@ -254,9 +264,11 @@ class Trainer:
         finally:
             self.checkpointer.close()  # the save in flight finishes (on an error too: it is a good one)
             self.stop_signal.restore()
-        scores = None  # after the final checkpoint: a failure here is recorded, not raised
-        if stopped_by == "finished" and self.evaluation is not None and self.evaluation.at_end:
-            scores = self.evaluation.final(lambda: self.evaluate(final=True))
+        scores = None  # after the final checkpoint: a failure here is recorded, not raised (nor run on a resume)
+        if stopped_by == "finished":
+            scores = evaluate_finished_run(
+                self.evaluation, lambda: self.evaluation.run(self.engine, self.one_network, state, True, self.record),
+                self.checkpointer.last_complete, self.dims.rank, self._say)
         # Every clean end (the last epoch, max_steps, SIGTERM) logs what the run cost, its peak memory
         # included, and how its final evaluation went.
         self.record.summary(config.objective.name, state.epoch, state.global_step, self.dims.world_size, stopped_by,
@@ -324,8 +336,8 @@ class Trainer:
         if config.checkpoint.every_epochs and state.epoch % config.checkpoint.every_epochs == 0:
             self._save()
         every = config.eval.every_epochs
-        if every and state.epoch % every == 0 and state.epoch < config.optim.epochs:  # the last one: evaluate(final)
-            self.evaluate(final=False)
+        if every and self.evaluation is not None and state.epoch % every == 0 and state.epoch < config.optim.epochs:
+            self.evaluation.run(self.engine, self.one_network, state, False, self.record)  # the last one: at the end
         return "finished"
 
     def _step(self, batch, validate: bool) -> tuple[torch.Tensor, bool | None]:
@@ -373,16 +385,3 @@ class Trainer:
         else:
             self.nonfinite.observe(loss, self.gradient_watch.take(self.engine.skipped_steps != skipped_by_deepspeed))
         return (loss if out.reported is None else out.reported).detach(), stop_agreed
-
-    # -- evaluation ------------------------------------------------------------------------
-
-    def evaluate(self, final: bool) -> dict | None:
-        """Collective: kNN accuracy of the network as trained so far and of its random init (plus,
-        ``final`` with ``eval.linear_at_end``, the linear probe).  Logged and exported."""
-        if self.evaluation is None:
-            return None
-        self.one_network.agree(self.state.global_step, "eval")
-        results = self.evaluation.run(self.engine, self.state.epoch, self.state.global_step, final,
-                                      self.one_network.statistics())
-        self.record.scored(results)
-        return results

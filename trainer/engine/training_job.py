@@ -27,7 +27,8 @@ def training_process_group(config: JobConfig) -> Iterator[ParallelDims]:
         if single is not None:
             print(f"[instcls] {single}", file=sys.stderr)
         apply_determinism(config.parallel.deterministic)  # before init_distributed's first CUDA call
-        dims = init_distributed(config.parallel.classifier_parallel_size, device=config.parallel.device)
+        dims = init_distributed(config.parallel.classifier_parallel_size, device=config.parallel.device,
+                                timeout_s=config.parallel.collective_timeout_s)
         keep_freed_host_memory(dims.device)  # CPU ranks: chunk temporaries stop page-faulting
         try:
             yield dims

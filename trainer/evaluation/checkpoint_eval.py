@@ -45,7 +45,7 @@ class FrozenAccuracy:
 def frozen_accuracy(model, config, protocol: str, features_out: Path | None = None) -> FrozenAccuracy:
     """All ranks together: ``protocol``'s accuracy of ``model``'s frozen features; with
     ``features_out``, the bank's and the queries' features are also written there (rank 0)."""
-    dims = init_distributed(device=config.parallel.device)
+    dims = init_distributed(device=config.parallel.device, timeout_s=config.parallel.collective_timeout_s)
     model.to(dims.device)
     if protocol not in PROTOCOLS:
         raise ValueError(f"eval protocol {protocol!r} is unknown: choose one of {', '.join(PROTOCOLS)}")

@@ -23,12 +23,22 @@ def probe_grid(settings) -> ProbeGrid:
                      held_out=settings.held_out, seed=settings.seed)
 
 
+def probe_inputs(bank: LocalFeatures, queries: LocalFeatures, bank_rows: int, settings,
+                 dims: ParallelDims) -> tuple[LocalFeatures | None, LocalFeatures | None] | None:
+    """Collective: what the probe needs beyond each rank's own rows: for "sklearn", the bank and the
+    queries gathered into rank 0's host memory (``(None, None)`` on the others); None for "sgd"."""
+    if settings.method_for(bank_rows) != "sklearn":
+        return None
+    return gather_to_rank0_host(bank, dims), gather_to_rank0_host(queries, dims)
+
+
 def linear_scores(bank: LocalFeatures, queries: LocalFeatures, bank_rows: int, settings, dims: ParallelDims,
-                  curve: bool) -> dict:
+                  curve: bool, gathered: tuple[LocalFeatures | None, LocalFeatures | None] | None = None) -> dict:
     """Collective: ``{"method", "top1"}`` of the probe on ``bank`` (``bank_rows`` over all ranks)
     scored on ``queries``; "sgd" adds ``top5`` (more than 5 classes) and ``choice`` (the sweep's
     pick and every head's held-out top-1); with ``curve``, ``curve`` maps each label fraction
-    (``LABEL_FRACTIONS``, as strings) to its top-1.  The same on every rank."""
+    (``LABEL_FRACTIONS``, as strings) to its top-1.  The same on every rank.  ``gathered``: what
+    ``probe_inputs`` returned, when the caller gathered it first (else it is gathered here)."""
     method = settings.method_for(bank_rows)
     if method == "sgd":
         fractions = LABEL_FRACTIONS if curve else (1.0,)
@@ -39,7 +49,7 @@ def linear_scores(bank: LocalFeatures, queries: LocalFeatures, bank_rows: int, s
         if curve:
             scores["curve"] = {str(fraction): result.top1 for fraction, result in results.items()}
         return scores
-    bank_all, queries_all = gather_to_rank0_host(bank, dims), gather_to_rank0_host(queries, dims)
+    bank_all, queries_all = gathered or probe_inputs(bank, queries, bank_rows, settings, dims)
 
     def fit() -> dict:  # on rank 0, the one holding the gathered features
         inputs = (bank_all.features, bank_all.labels, queries_all.features, queries_all.labels)

@@ -13,11 +13,14 @@ a label fraction keeps.  So global batch k holds the same samples whether they s
 each rank adds the gradient of its rows of it, and one all-reduce of every head's gradient makes the
 global batch's.  Only the order of that sum depends on the ranks (float rounding, ~1e-7 relative).
 
-Per rank the memory is its rows of the bank and of the queries, one mini-batch of standardised rows
-and its logits, and the heads: weights, momentum and one gradient buffer, 3 x heads x classes x
-(features + 1) float32 (``linear_probe_bytes``).  The features are standardised with the global mean
-and variance (one all-reduce of sums and squares, accumulated in float64), batch by batch, never as a
-copy of the shard.  Host reads: one per epoch (every batch's global size) and one per scoring.
+Per rank the memory is its rows of the bank and of the queries, the heads' state and, for a moment,
+the largest of: a mini-batch's standardised rows with its logits, a block of scored rows with its
+logits, or the SGD update's one product.  The heads' state is 5 vectors of heads x classes x
+(features + 1) float32: weights with biases, momentum, the gradient, and each element's weight decay
+and learning rate (``linear_probe_bytes``); one grid at a time, over the label fractions.  The
+features are standardised with the global mean and variance (one all-reduce of sums and squares,
+accumulated in float64), batch by batch, never as a copy of the shard.  Host reads: one per epoch
+(every batch's global size) and one per scoring.
 """
 
 from __future__ import annotations
@@ -72,14 +75,35 @@ class ProbeResult:
 
 
 def linear_probe_bytes(rows: int, features: int, classes: int, heads: int, batch: int, ranks: int,
-                       element_bytes: int = 4) -> dict[str, int]:
-    """Planned bytes per rank of the probe: its rows of the bank (``rows`` over all ranks, stored in
-    ``element_bytes``), one step's standardised rows and logits of every head, and the heads' state."""
+                       element_bytes: int = 4, queries: int = 0, held_out: float = 0.1) -> dict[str, int]:
+    """Planned bytes per rank of the probe at its peak: its rows of the bank (``rows`` over all ranks,
+    stored in ``element_bytes``), the heads' state (``_Heads``: 5 vectors of every head's weights and
+    biases) and the most that one moment adds to them:
+
+    - a step (``_fit``): the last batch's standardised rows and probabilities are held while the next
+      batch is standardised (2 more rows of features) or its logits and their softmax are made (2 more
+      rows of logits);
+    - the SGD update (``_Heads.step``): one product the size of a state vector, beside the last batch;
+    - scoring (``_correct``): a block of held-out rows or of the ``queries`` (all heads), standardised
+      (2 rows of features at once), then its logits and their sum with the biases.
+
+    A hash of each row's id picks its batch and whether it is held out, so a rank's rows in a batch, and
+    its held-out rows, are counted as their mean share plus 4 times its square root: more than the
+    largest of thousands of batches holds.
+    """
+    def most(mean: float) -> int:
+        return math.ceil(mean + 4 * math.sqrt(mean))
+
     per_rank = math.ceil(rows / ranks)
-    step_rows = math.ceil(batch / ranks)
-    return {"bank_rows": per_rank * (features * element_bytes + 16),  # features, label, id
-            "step": step_rows * (features + 2 * heads * classes) * 4,
-            "heads": 3 * heads * classes * (features + 1) * 4}
+    step_rows = most(batch / ranks)
+    scored_rows = min(_STATISTICS_BLOCK, max(most(rows * held_out / ranks), math.ceil(queries / ranks)))
+    vector = heads * classes * (features + 1) * 4  # one value for every head's weights and biases
+    row, logits = features * 4, heads * classes * 4  # one standardised row; one row's logits of every head
+    return {"bank_rows": per_rank * (features * element_bytes + 16 + 8),  # features, label, id; the epoch's order
+            "heads": 5 * vector,  # weights and biases, momentum, gradient, each element's decay and learning rate
+            "transient": max(step_rows * (row + logits + 2 * max(row, logits)),
+                             vector + step_rows * (row + logits),
+                             scored_rows * max(2 * row, row + 2 * logits))}
 
 
 def _standardiser(features: torch.Tensor, group: Group) -> tuple[torch.Tensor, torch.Tensor]:
@@ -230,4 +254,5 @@ def linear_probe(bank, queries, grid: ProbeGrid, group: Group, fractions=(1.0,))
             top1=query_correct[0] / query_rows, top5=query_correct[-1] / query_rows if classes > 5 else None,
             learning_rate=lr, weight_decay=wd, held_out_top1=scores[best] / max(held_out_rows, 1),
             grid=tuple((h_lr, h_wd, s / max(held_out_rows, 1)) for (h_lr, h_wd), s in zip(grid.heads, scores)))
+        del heads  # else the next fraction's grid is built while this one is still held: twice the state
     return results

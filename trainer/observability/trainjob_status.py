@@ -12,7 +12,8 @@ strings) and ``lastUpdatedTime``, which ``kubectl get trainjob`` and the Kubeflo
 
 Rank 0 reports at log steps, at most every ``logging.progress_every_s``, from a background thread
 that sends only the newest report: a slow or unreachable endpoint never holds a step.  A failed or
-refused POST logs one warning for the run, and training goes on.
+refused POST, or a broken reply (any exception), logs one warning for the run; the thread still sends
+the later reports, and training goes on.
 """
 
 from __future__ import annotations
@@ -119,9 +120,10 @@ class TrainJobStatusReporter:
             with urllib.request.urlopen(request, context=context, timeout=self.timeout_s) as response:
                 response.read()
             self.sent += 1
-        except (urllib.error.URLError, OSError, ValueError) as error:
+        except Exception as error:  # noqa: BLE001 - a broken reply (IncompleteRead) must not end the thread
             self.failed += 1
             if self.failed == 1:
-                reason = f"HTTP {error.code} {error.reason}" if isinstance(error, urllib.error.HTTPError) else error
+                reason = (f"HTTP {error.code} {error.reason}" if isinstance(error, urllib.error.HTTPError)
+                          else f"{type(error).__name__}: {error}")
                 self.warn(f"warning: the TrainJob's status endpoint ({self.url}) did not take the progress report: "
                           f"{reason}. Training goes on; later reports are still sent, and this warning is not repeated")

@@ -1,6 +1,7 @@
 """The per-rank pieces of BatchNorm over several ranks' batches, with the collectives left out, so the
 same functions serve ``SyncBatchNorm`` (with an all-gather and an all-reduce between them) and a
-one-process check that splits a batch into pseudo-ranks (``scripts/gpu_sync_batch_norm_check.py``).
+one-process check that splits a batch into pseudo-ranks (``trainer/bench/sync_batch_norm_check.py``,
+which ``scripts/gpu_check.sh syncbn`` runs on a lent GPU).
 
 Forward: each rank's ``rank_row`` (count, mean, sum of squared deviations per channel) and
 ``combine_rows`` over every rank's row: Chan et al.'s pairwise combination, exact for unequal

@@ -28,6 +28,7 @@ name_deepspeed_accelerator()
 # DeepSpeed reads DS_ACCELERATOR when it is imported: these imports must follow the line above.
 import deepspeed  # noqa: E402
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine  # noqa: E402
+from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine  # noqa: E402
 from deepspeed.utils import (  # noqa: E402
     safe_get_full_fp32_param,
     safe_get_full_optimizer_state,
@@ -35,5 +36,6 @@ from deepspeed.utils import (  # noqa: E402
     safe_set_full_optimizer_state,
 )
 
-__all__ = ["CheckpointEngine", "deepspeed", "name_deepspeed_accelerator", "safe_get_full_fp32_param",
-           "safe_get_full_optimizer_state", "safe_set_full_fp32_param", "safe_set_full_optimizer_state"]
+__all__ = ["CheckpointEngine", "TorchCheckpointEngine", "deepspeed", "name_deepspeed_accelerator",
+           "safe_get_full_fp32_param", "safe_get_full_optimizer_state", "safe_set_full_fp32_param",
+           "safe_set_full_optimizer_state"]

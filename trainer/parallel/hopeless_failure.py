@@ -5,9 +5,10 @@ overlays allow 100, for lost nodes).  A bad input (exit 2), a non-finite model (
 that cannot be written (4) fails every restart the same way, so the GPUs would sit through a
 hundred rounds of rendezvous, start-up and failure before the Job's rule for the code could fire.
 ``HopelessFailureWatch`` reads the ranks' exit reports as they are written
-(``trainer.exit_codes.run_reporting_exit_code``: each rank's before it exits) and, at the first
-permanent code, says which rank and why, and stops torchrun with SIGTERM, which ends its workers
-without another round.  Crashes (1), lost peers and preemption keep torchrun's restarts.
+(``trainer.exit_codes.run_reporting_exit_code``: each rank's before it exits), of every round (torchrun
+may have begun the next round before it looks; a code no restart heals is final whichever round wrote
+it) and, at the first permanent code, says which rank and why, and stops torchrun with SIGTERM, which
+ends its workers without another round.  Crashes (1), lost peers and preemption keep torchrun's restarts.
 """
 
 from __future__ import annotations
@@ -34,14 +35,15 @@ class HopelessFailureWatch(BackgroundWatch):
 
     def _watch(self) -> None:
         while not self._done.wait(self.every_s):
-            permanent = sorted(code for code in reported_exit_codes(self.reports) if code in PERMANENT)
+            permanent = sorted(code for code in reported_exit_codes(self.reports, every_round=True)
+                               if code in PERMANENT)
             if permanent:
                 self._stop(permanent[0])
                 return
 
     def _stop(self, code: int) -> None:
         self.stopped_for = code
-        rank, cause = first_failure(self.reports) or ("?", "")
+        rank, cause = first_failure(self.reports, every_round=True, codes={code}) or ("?", "")
         self.write(f"instcls launch: rank {rank} exited {code} ({ExitCode(code).name}): {cause}. A restart cannot heal "
                    "this, so torchrun is stopped now instead of restarting the workers")
         if self.child.poll() is None:

@@ -6,8 +6,8 @@ forwards SIGTERM/SIGINT to it and exits with a code a Job controller can act on
 (``trainer.exit_codes``): 0 when the run finished, 143 when it was preempted (retry), 2-4 when a
 retry cannot help.  torchrun alone cannot say which: it exits 1 whenever a worker failed, whatever
 the worker's code, and also after a SIGTERM it forwarded.  So every worker writes its own exit code
-into ``INSTCLS_EXIT_CODE_DIR`` (``run_reporting_exit_code``) and the launcher reads them when
-torchrun is done; at the first code a restart cannot heal (2-4) it stops torchrun at once
+into ``INSTCLS_EXIT_CODE_DIR`` (``run_reporting_exit_code``) and the launcher reads the last round's
+when torchrun is done; at the first code a restart cannot heal (2-4) it stops torchrun at once
 (``hopeless_failure``) rather than let it restart up to ``--max-restarts`` times.  An elastic
 launch (``--nnodes MIN:MAX``) tells the ranks its world sizes (``elastic_range``), and a pod that
 knows its index names the rendezvous store's host (``rendezvous_host``).
@@ -48,7 +48,14 @@ from typing import Any, Callable
 import torch
 import torch.multiprocessing as mp
 
-from trainer.exit_codes import EXIT_CODE_ENV, ExitCode, node_exit_code, reported_exit_codes
+from trainer.exit_codes import (
+    EXIT_CODE_ENV,
+    ExitCode,
+    any_rank_started,
+    node_exit_code,
+    reported_exit_codes,
+    with_lost_store_host,
+)
 from trainer.parallel.dims import shutdown_distributed
 from trainer.parallel.elastic_range import WORLD_SIZES_ENV, world_sizes_of_launch
 from trainer.parallel.hopeless_failure import HopelessFailureWatch
@@ -151,11 +158,12 @@ def launch(torchrun_args: list[str]) -> int:
             signal.signal(signum, handler)
     reader.join()
     rank_codes = reported_exit_codes(reports)
-    if hopeless.stopped_for is not None:  # kept even if a restarted rank removed its report since
+    if hopeless.stopped_for is not None:  # kept even if torchrun began another round before it stopped
         rank_codes.append(hopeless.stopped_for)
-    cause = failure_cause_line(reports)
+    cause, ranks_started = failure_cause_line(reports), any_rank_started(reports)
     shutil.rmtree(reports, ignore_errors=True)
-    code = node_exit_code(returncode, rank_codes, signal.SIGTERM in received)
+    code = with_lost_store_host(node_exit_code(returncode, rank_codes, signal.SIGTERM in received), ranks_started,
+                                tail.decode(errors="replace"))
     ranks = f"torchrun exited {returncode}, this node's ranks {sorted(set(rank_codes)) or 'reported nothing'}"
     if code == ExitCode.PREEMPTED:
         print(f"instcls launch: preempted, exiting {code} (retry: the same command resumes from the newest complete "

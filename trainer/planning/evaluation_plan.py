@@ -57,10 +57,11 @@ def evaluation_plan_lines(config, ranks: int, bank_rows: int) -> list[str]:
         return lines + [f"  linear probe {at_end}: sklearn on rank 0: the bank gathered into its host memory, "
                         f"{gathered / MIB:,.1f} MiB, one CPU fit (eval.linear.method: sgd shares it over the ranks)"]
     heads = len(linear.learning_rates) * len(linear.weight_decays)
-    parts = linear_probe_bytes(rows, width, classes, heads, linear.batch_size, ranks, element_bytes=element_bytes)
-    total, bank, step, state = (value / MIB for value in (sum(parts.values()), parts["bank_rows"], parts["step"],
-                                                          parts["heads"]))
+    parts = linear_probe_bytes(rows, width, classes, heads, linear.batch_size, ranks, element_bytes=element_bytes,
+                               queries=queries, held_out=linear.held_out)
+    total, bank, state, transient = (value / MIB for value in (sum(parts.values()), parts["bank_rows"],
+                                                               parts["heads"], parts["transient"]))
     return lines + [f"  linear probe {at_end}, per rank (sgd, {heads} heads, batch {linear.batch_size:,}): "
-                    f"{total:,.1f} MiB = its bank rows {bank:,.1f} + one step {step:,.1f} + the heads' weights, "
-                    f"momentum and gradient {state:,.1f}; each step all-reduces "
-                    f"{heads * classes * (width + 1) * 4 / MIB:,.1f} MiB"]
+                    f"{total:,.1f} MiB = its bank rows {bank:,.1f} + the heads' weights, momentum, gradient, "
+                    f"decay and learning rate {state:,.1f} + the largest step, update or scored block "
+                    f"{transient:,.1f}; each step all-reduces {heads * classes * (width + 1) * 4 / MIB:,.1f} MiB"]

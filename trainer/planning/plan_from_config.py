@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainer.config import JobConfig
+from trainer.config_deepspeed import load_deepspeed_config
 from trainer.planning.plan_input import PlanInput, deepspeed_settings
 
 
@@ -29,8 +30,6 @@ def num_instances_of(config: JobConfig, num_classes: int | None) -> int:
 def plan_input_from_config(config: JobConfig, ranks: int, num_classes: int | None) -> PlanInput:
     """Every view at its own side (multi-crop's small crops are smaller).  N is read (or asked for) only
     when the objective's memory depends on it."""
-    from trainer.engine.deepspeed_setup import load_deepspeed_config
-
     loader = config.data.loader
     objective = config.objective.memory_plan(loader.view_layout)
     settings = deepspeed_settings(load_deepspeed_config(config.deepspeed_config, loader.batch_size))
