@@ -186,3 +186,16 @@ def test_only_the_pod_the_endpoint_names_hosts_an_elastic_pytorchjobs_store(tmp_
     cluster.start_all()
     assert [kw["env"]["PET_RDZV_CONF"].split(",")[-1] for _, kw in started] == ["is_host=1", "is_host=0"]
     assert "join_timeout=780" in started[1][1]["env"]["PET_RDZV_CONF"]  # the manifest's conf stays
+
+
+def test_a_trainjobs_pods_get_the_status_servers_variables_when_a_test_serves_it(tmp_path, monkeypatch):
+    started = []
+    _no_processes(monkeypatch, started)
+    scaled, changes = _scaled("trainjob")
+    server = {"KUBEFLOW_TRAINER_SERVER_URL": "https://127.0.0.1:8443/status", "KUBEFLOW_TRAINER_SERVER_TOKEN": "/t"}
+    cluster = LocalCluster(workload("trainjob", scaled), tmp_path, changes,
+                           {"instcls-job": job_config_map(), "instcls-nccl": nccl_config_map()}, status_server=server)
+    cluster.start(0)
+    assert {k: started[0][1]["env"][k] for k in server} == server
+    with pytest.raises(ManifestError, match="only a TrainJob's pods get a status endpoint"):
+        LocalCluster(workload("indexed-job"), tmp_path / "b", changes, {}, status_server=server)

@@ -62,6 +62,13 @@ def _judged(job: PodJob, pod: str, attempt: int, code: int, actions: tuple[Actio
     return None
 
 
+def _exits(job: PodJob) -> str:
+    """Each pod attempt's exit code and what its controller did with it."""
+    actions = {(e.pod, e.attempt): e.action for e in job.events}
+    return ", ".join(f"{pod}#{attempt}: {code}" + (f" ({actions[pod, attempt]})" if (pod, attempt) in actions else "")
+                     for pod, attempt, code in job.codes())
+
+
 def _finished(job: PodJob, outcome: str) -> str | None:
     if outcome != "Succeeded":
         return f"the job did not finish: {outcome}"
@@ -76,7 +83,7 @@ def _result(name: str, overlay: str, fault: str, job: PodJob, context: DrillCont
     resumed = checkpoint is not None and _resumed_from(job, checkpoint)
     problems = [*problems, None if resumed else f"no resume from {checkpoint} logged", difference, accounting]
     found = [p for p in problems if p]
-    exits = ", ".join(f"{pod}#{attempt}: {code}" for pod, attempt, code in job.codes())
+    exits = _exits(job)
     return DrillResult(
         f"{overlay}/{name}", fault,
         f"exits {exits}; " + (f"resumed from {checkpoint}; " if resumed else "")
@@ -223,7 +230,7 @@ def _elastic_result(name: str, overlay: str, fault: str, job: PodJob, reference,
     curves, summary = elastic.compare_curves(job.job, reference, exact_until=2)
     resumed = _resumed_from(job, checkpoint_name(2))
     found = [p for p in [*problems, None if resumed else "no resume from step 2 logged", accounting, curves] if p]
-    exits = ", ".join(f"{pod}#{attempt}: {code}" for pod, attempt, code in job.codes())
+    exits = _exits(job)
     return DrillResult(
         f"{overlay}/{name}", fault,
         f"exits {exits}; " + (accounting or f"each of the {counted} ids consumed once, at the same step")

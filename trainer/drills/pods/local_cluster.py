@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import time
@@ -26,10 +27,12 @@ from pathlib import Path
 
 import psutil
 
+from trainer.drills.jobs import REPO
 from trainer.drills.pods import cpu_substitutions as cpu
 from trainer.drills.pods.controllers import Action, PodEnd, controller_of
 from trainer.drills.pods.manifest import ManifestError, PodTemplate, Workload
 from trainer.drills.pods.pod_environment import command_line, container_environment
+from trainer.drills.pods.pod_volumes import mount_volumes
 from trainer.parallel.launch import free_port
 
 IMAGE_ENV_DROPPED = ("PET_", "TORCHELASTIC_", "INSTCLS_FAILPOINT", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK",
@@ -48,6 +51,7 @@ class Attempt:
     code: int | None = None
     disrupted: bool = False
     deleted: bool = False
+    terminating_since: float | None = None  # when it was sent SIGTERM (monotonic): SIGKILL after the grace period
 
     @property
     def output_file(self) -> Path:
@@ -103,7 +107,13 @@ class LocalCluster:
 
     def __init__(self, workload: Workload, run_dir: Path, changes: cpu.Changes, config_maps: dict[str, dict[str, str]],
                  secrets: dict[str, dict[str, str]] | None = None, claims: dict[str, Path | None] | None = None,
-                 collective_timeout_s: int = 60, elastic_batch: int | None = None) -> None:
+                 collective_timeout_s: int = 60, elastic_batch: int | None = None,
+                 status_server: dict[str, str] | None = None) -> None:
+        """``status_server``: a TrainJob's status endpoint variables (``KUBEFLOW_TRAINER_SERVER_*``), which
+        Trainer's ``TrainJobStatus`` feature gate injects; a test that serves the endpoint passes them."""
+        if status_server and workload.kind != "TrainJob":
+            raise ManifestError(f"{workload.kind} {workload.name}: only a TrainJob's pods get a status endpoint")
+        self.status_server = dict(status_server or {})
         self.workload, self.run_dir, self.changes = workload, Path(run_dir), changes
         self.config_maps, self.secrets = config_maps, secrets or {}
         self.collective_timeout_s, self.elastic_batch = collective_timeout_s, elastic_batch
@@ -128,56 +138,19 @@ class LocalCluster:
         self.outcome: str | None = None  # "Succeeded", "Failed: reason"
 
     # -- pods -----------------------------------------------------------------------------------
-    def _mounts(self, pod: PodTemplate, directory: Path) -> dict[str, str]:
-        volumes = {volume["name"]: volume for volume in pod.spec.get("volumes", [])}
-        mounts = {}
-        for mount in pod.container.get("volumeMounts", []):
-            volume = volumes.get(mount["name"])
-            where = f"pod {pod.name} volumeMounts {mount['name']}"
-            if volume is None:
-                raise ManifestError(f"{where}: no volume of that name in spec.volumes")
-            local = "mnt" + mount["mountPath"]
-            path = directory / local
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if "configMap" in volume:
-                name = volume["configMap"]["name"]
-                if name not in self.config_maps:
-                    raise ManifestError(f"{where}: ConfigMap {name!r} is not among the fixtures the test supplied "
-                                        f"({sorted(self.config_maps)})")
-                path.mkdir()
-                for key, text in self.config_maps[name].items():
-                    (path / key).write_text(text)
-            elif "persistentVolumeClaim" in volume:
-                claim = volume["persistentVolumeClaim"]["claimName"]
-                (self.shared / claim).mkdir(parents=True, exist_ok=True)
-                path.symlink_to((self.shared / claim).resolve(), target_is_directory=True)
-            elif "emptyDir" in volume:
-                path.mkdir()
-            else:
-                raise ManifestError(f"{where}: volume kind {sorted(set(volume) - {'name'})} is not one the harness "
-                                    "supplies (configMap, persistentVolumeClaim, emptyDir)")
-            mounts[mount["mountPath"]] = local
-            self.changes.note(f"pod {pod.name}", f"mount {mount['mountPath']} -> {local} in the pod's directory")
-        return mounts
-
     def start(self, index: int) -> Attempt:
         pod = self.workload.pods[index]
         number = len(self.attempts[index])
         directory = self.run_dir / "pods" / pod.name / f"attempt-{number}"
         directory.mkdir(parents=True)
-        mounts = self._mounts(pod, directory)
-        # ConfigMap files name mount paths too (the job config's shards and checkpoints)
-        for local in mounts.values():
-            if (directory / local).is_dir() and not (directory / local).is_symlink():
-                for file in (directory / local).iterdir():
-                    if file.is_file():
-                        file.write_text(cpu.rewrite_paths(file.read_text(), mounts))
+        mounts = mount_volumes(pod, directory, self.shared, self.config_maps, self.changes)
         store_host = any(endpoint.rsplit(":", 1)[0] in (pod.name, pod.dns_name) for endpoint in self.endpoints)
         place = cpu.PodPlace(directory.resolve(), mounts, self.endpoints, self.hosts, self.ports, free_port(),
                              self.collective_timeout_s, self.elastic_batch, store_host)
         where = f"pod {pod.name}"
         labels = pod.spec.get("labels", {})
-        env = container_environment(where, pod.container, pod.injected, pod.name, pod.annotations, labels,
+        injected = [*pod.injected, *({"name": k, "value": v} for k, v in self.status_server.items())]
+        env = container_environment(where, pod.container, injected, pod.name, pod.annotations, labels,
                                     self.config_maps, self.secrets)
         env = cpu.environment(where, env, place, self.changes)
         argv = cpu.arguments(where, command_line(where, pod.container, env), place, self.changes)
@@ -235,7 +208,7 @@ class LocalCluster:
             attempt = attempts[-1] if attempts else None
             if attempt is None:
                 continue
-            since = getattr(attempt, "terminating_since", None)
+            since = attempt.terminating_since
             if since is not None and attempt.running() and time.monotonic() - since > self._grace(attempt):
                 attempt.kill_all()
             if attempt.code is not None or attempt.process.poll() is None:
@@ -312,10 +285,6 @@ def _container_code(returncode: int) -> int:
 
 def _base_environment() -> dict[str, str]:
     """The image's environment: this process's, with the checkout on the path (the image installs it)."""
-    import os
-
-    from trainer.drills.jobs import REPO
-
     environ = dict(os.environ)
     environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), environ.get("PYTHONPATH")]))
     return environ
