@@ -199,3 +199,12 @@ def test_a_trainjobs_pods_get_the_status_servers_variables_when_a_test_serves_it
     assert {k: started[0][1]["env"][k] for k in server} == server
     with pytest.raises(ManifestError, match="only a TrainJob's pods get a status endpoint"):
         LocalCluster(workload("indexed-job"), tmp_path / "b", changes, {}, status_server=server)
+
+
+def test_a_job_that_lets_an_index_fail_alone_is_refused():
+    """An index out of retries that ends alone while the others train is no policy for a gang of
+    nodes, and not one the harness plays."""
+    objects, _ = _scaled("indexed-job")
+    next(obj for obj in objects if obj["kind"] == "Job")["spec"]["maxFailedIndexes"] = 1
+    with pytest.raises(ManifestError, match=r"maxFailedIndexes=1: the harness plays 0 only"):
+        workload("indexed-job", objects)

@@ -13,8 +13,9 @@ def register(commands) -> None:
     parser = commands.add_parser(
         "drill", help="break real 2-rank CPU jobs the way a cluster does and print what survived",
         description="Runs each fault drill (SIGKILL mid-step and mid-save, a damaged checkpoint, a full disk, "
-        "SIGTERM, NaN, taken ports, pickled code, a damaged shard) on the embedded digits and prints a table: "
-        "fault, what happened, data lost, time to recover.  Exits 1 if any drill failed.")
+        "SIGTERM, NaN, taken ports, pickled code, a damaged shard, and OVERLAY/DRILL: each multi-node overlay's own "
+        "pods replaced, preempted, deleted, lost for good) on the embedded digits and prints a table: fault, what "
+        "happened, data lost, time to recover.  Exits 1 if any drill failed.")
     parser.add_argument("--only", type=lambda text: text.split(","), default=list(DRILLS),
                         help=f"comma-separated drills (default: all of {', '.join(DRILLS)})")
     parser.add_argument("--work-dir", type=Path, default=Path("out/drills"), help="where the drills' jobs run")

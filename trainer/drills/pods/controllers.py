@@ -5,7 +5,8 @@
   ``DisruptionTarget``, ``onExitCodes`` ``In``/``NotIn`` on the named container): ``Ignore``
   (replaced, not counted), ``FailJob``, ``FailIndex``, ``Count``; no match counts.  A counted
   failure beyond ``backoffLimitPerIndex`` fails the index, more failed indexes than
-  ``maxFailedIndexes`` fail the Job, and so do more counted failures than ``backoffLimit``.
+  ``maxFailedIndexes`` fail the Job (the harness plays 0 only: one failed index fails a gang), and so
+  do more counted failures than ``backoffLimit``.
   ``podReplacementPolicy: Failed``: the replacement starts once the old pod has ended.  The Job
   succeeds when every index has, or when a ``successPolicy`` rule's ``succeededCount`` is reached
   (the other pods are then terminated).
@@ -82,7 +83,7 @@ class JobController:
         self.failures[end.index] = self.failures.get(end.index, 0) + 1
         per_index = self.policy.get("backoffLimitPerIndex")
         failed_indexes = sum(1 for count in self.failures.values() if per_index is not None and count > per_index)
-        if rule == "FailIndex" or failed_indexes > self.policy.get("maxFailedIndexes", float("inf")):
+        if rule == "FailIndex" or failed_indexes > self.policy.get("maxFailedIndexes", 0):
             return Verdict(Action.FAIL_JOB, f"exit {end.code}: index {end.index} failed {self.failures[end.index]} "
                                             "times (reason FailedIndexes / MaxFailedIndexesExceeded)")
         if sum(self.failures.values()) > self.policy.get("backoffLimit", 6):

@@ -124,6 +124,10 @@ def _job_pods(where: str, job_spec: dict, name: str, dns_domain: str, count: int
 
 
 def _job_policy(job_spec: dict) -> dict:
+    if job_spec.get("backoffLimitPerIndex") is not None and job_spec.get("maxFailedIndexes", 0) != 0:
+        # an index out of retries would end alone while the others go on: a gang job never wants it
+        raise ManifestError(f"Job spec.maxFailedIndexes={job_spec['maxFailedIndexes']}: the harness plays 0 only (one "
+                            "failed index fails the Job, as a gang of nodes needs)")
     keys = ("podFailurePolicy", "backoffLimitPerIndex", "maxFailedIndexes", "backoffLimit", "podReplacementPolicy",
             "successPolicy", "completions", "parallelism", "completionMode")
     return {key: job_spec[key] for key in keys if key in job_spec}
