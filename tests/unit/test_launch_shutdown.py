@@ -119,3 +119,17 @@ def test_the_agent_numbers_each_round_it_starts_and_tells_its_workers_the_shutdo
     torchrun_agent._start_numbered_round(Agent(), None)
     torchrun_agent._start_numbered_round(Agent(), None)  # a membership change: the same restart count
     assert started == [("1", "570"), ("2", "570")] and newest_round(tmp_path) == 2
+
+
+def test_the_launcher_process_never_imports_torch():
+    """`instcls launch` is every pod's main process and starts at every pod start; its torchrun and the
+    ranks import torch, the launcher itself need not (over a second of CPU each time)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import trainer.cli, trainer.parallel.launch, trainer.parallel.torchrun_arguments; "
+            "from trainer.parallel.launch import torchrun_command, torchrun_environment; "
+            "torchrun_environment(__import__('pathlib').Path('.'), {}, ['--nnodes', '1:2', '-m', 'x']); "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert result.stdout.strip() == "[]", result.stdout

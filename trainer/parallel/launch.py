@@ -45,9 +45,6 @@ from multiprocessing import forkserver, reduction
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
-import torch.multiprocessing as mp
-
 from trainer.exit_codes import (
     EXIT_CODE_ENV,
     ExitCode,
@@ -56,7 +53,6 @@ from trainer.exit_codes import (
     reported_exit_codes,
     with_lost_store_host,
 )
-from trainer.parallel.dims import shutdown_distributed
 from trainer.parallel.elastic_range import WORLD_SIZES_ENV, world_sizes_of_launch
 from trainer.parallel.hopeless_failure import HopelessFailureWatch
 from trainer.parallel.launch_notices import RendezvousNotice, failure_cause_line, rendezvous_description
@@ -225,6 +221,10 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable[..., Any], args:
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
+    import torch
+
+    from trainer.parallel.dims import shutdown_distributed
+
     if not torch.cuda.is_available():
         torch.set_num_threads(cpu_threads_per_rank(world_size))
     try:
@@ -249,6 +249,9 @@ def spawn_local_workers(fn: Callable[..., Any], world_size: int, *args: Any, ran
     of nodes of that many ranks (``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``), as a
     multi-node job sets it; default one node.
     """
+    import torch
+    import torch.multiprocessing as mp
+
     if torch.cuda.is_available():  # a forked CUDA runtime is unusable: fresh interpreters
         mp.start_processes(_worker, args=(world_size, free_port(), fn, args, ranks_per_node), nprocs=world_size,
                            start_method="spawn")
