@@ -124,40 +124,36 @@ def _joined_at_once(job: PodJob, index: int) -> str | None:
         if failed else None
 
 
-def preemption(context: DrillContext, overlay: str) -> DrillResult:
-    with PodJob(overlay, context.directory(f"pods-{overlay}-preemption"), context.shards, FOUR_STEPS) as job:
+def _sigterm_drill(context: DrillContext, overlay: str, name: str, fault: str, everyone: bool) -> DrillResult:
+    """SIGTERM in step 2, to every pod with the DisruptionTarget condition (``everyone``) or to pod 1
+    alone: the ranks save at one step, each signalled pod exits 143 and is recreated, uncounted."""
+    with PodJob(overlay, context.directory(f"pods-{overlay}-{name}"), context.shards, FOUR_STEPS) as job:
         job.arm(1, _held(2))
         job.start_all()
         held = job.held(1)
-        fault = time.time() if held else None
-        if held:
+        fault_time = time.time() if held else None
+        if held and everyone:
             job.preempt_all()
+        elif held:
+            job.delete(1)
         outcome = job.run(JOB_DEADLINE_S)
     saved = sigterm_checkpoint(job.job, job.output())
-    judged = [_judged(job, pod.name, 0, 143, (Action.REPLACE,)) for pod in job.workload.pods]
-    return _result("preemption", overlay, "SIGTERM with DisruptionTarget to every pod in step 2; pods recreated",
-                   job, context, fault,
+    signalled = job.workload.pods if everyone else job.workload.pods[1:2]
+    judged = [_judged(job, pod.name, 0, 143, (Action.REPLACE,)) for pod in signalled]
+    return _result(name, overlay, fault, job, context, fault_time,
                    [None if held else "pod 1 never reached step 2", _finished(job, outcome),
                     None if saved else "no complete checkpoint saved at the SIGTERM", *judged],
                    saved.name if saved else None)
 
 
+def preemption(context: DrillContext, overlay: str) -> DrillResult:
+    return _sigterm_drill(context, overlay, "preemption",
+                          "SIGTERM with DisruptionTarget to every pod in step 2; pods recreated", everyone=True)
+
+
 def pod_deleted(context: DrillContext, overlay: str) -> DrillResult:
-    with PodJob(overlay, context.directory(f"pods-{overlay}-pod-deleted"), context.shards, FOUR_STEPS) as job:
-        job.arm(1, _held(2))
-        job.start_all()
-        held = job.held(1)
-        fault = time.time() if held else None
-        if held:
-            job.delete(1)
-        outcome = job.run(JOB_DEADLINE_S)
-    saved = sigterm_checkpoint(job.job, job.output())
-    return _result("pod-deleted", overlay, "SIGTERM to pod 1 alone in step 2 (kubectl delete pod); pod recreated",
-                   job, context, fault,
-                   [None if held else "pod 1 never reached step 2", _finished(job, outcome),
-                    None if saved else "no complete checkpoint saved at the SIGTERM",
-                    _judged(job, job.workload.pods[1].name, 0, 143, (Action.REPLACE,))],
-                   saved.name if saved else None)
+    return _sigterm_drill(context, overlay, "pod-deleted",
+                          "SIGTERM to pod 1 alone in step 2 (kubectl delete pod); pod recreated", everyone=False)
 
 
 OVERLAY_DRILLS: dict[str, Callable[[DrillContext, str], DrillResult]] = {

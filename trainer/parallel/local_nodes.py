@@ -70,18 +70,8 @@ class Node:
         return self.process.wait(timeout=timeout)
 
     def lose(self) -> None:
-        """SIGKILL the agent and its workers together, as when the node's machine is gone (torchrun
-        starts each worker in a session of its own, so the agent's process group is not enough)."""
-        try:
-            agent = psutil.Process(self.process.pid)
-            processes = [agent, *agent.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            processes = []
-        for process in processes:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.kill()
-        self.process.wait()
-        psutil.wait_procs(processes, timeout=30)
+        """SIGKILL the agent and its workers together, as when the node's machine is gone."""
+        kill_tree(self.process)
 
     def preempt(self) -> None:
         """SIGTERM to the agent only, as the kubelet sends it to a pod's main process."""
@@ -89,14 +79,35 @@ class Node:
 
     def wait_for(self, text: str, timeout: float) -> bool:
         """True once ``text`` appears in the node's output (False if the agent exits or time runs out)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if text in self.output():
-                return True
-            if self.process.poll() is not None:
-                return text in self.output()
-            time.sleep(0.1)
-        return False
+        return wait_for_output(self.output, self.process, text, timeout)
+
+
+def kill_tree(process: subprocess.Popen) -> None:
+    """SIGKILL ``process`` and every process under it (torchrun starts each worker in a session of
+    its own, so a process group is not enough), and reap it here: ``Popen`` takes a child that
+    something else reaped for one that exited 0."""
+    try:
+        main = psutil.Process(process.pid)
+        processes = [main, *main.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        processes = []
+    for found in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            found.kill()
+    process.wait()
+    psutil.wait_procs(processes[1:], timeout=30)
+
+
+def wait_for_output(read, process: subprocess.Popen, text: str, timeout: float) -> bool:
+    """True once ``text`` appears in ``read()`` (False if ``process`` exits first without it, or time runs out)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in read():
+            return True
+        if process.poll() is not None:
+            return text in read()
+        time.sleep(0.1)
+    return False
 
 
 def start_node(index: int, directory: Path, rendezvous: Rendezvous, module_args: list[str],

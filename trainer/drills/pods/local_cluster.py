@@ -25,8 +25,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-
 from trainer.drills.jobs import REPO
 from trainer.drills.pods import cpu_substitutions as cpu
 from trainer.drills.pods.controllers import Action, PodEnd, controller_of
@@ -34,6 +32,7 @@ from trainer.drills.pods.manifest import ManifestError, PodTemplate, Workload
 from trainer.drills.pods.pod_environment import command_line, container_environment
 from trainer.drills.pods.pod_volumes import mount_volumes
 from trainer.parallel.launch import free_port
+from trainer.parallel.local_nodes import kill_tree, wait_for_output
 
 IMAGE_ENV_DROPPED = ("PET_", "TORCHELASTIC_", "INSTCLS_FAILPOINT", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK",
                      "LOCAL_RANK", "GROUP_RANK", "KUBEFLOW_TRAINER_")
@@ -68,27 +67,11 @@ class Attempt:
             self.process.send_signal(signum)
 
     def kill_all(self) -> None:
-        """SIGKILL the container's every process (torchrun starts workers in sessions of their own)."""
-        try:
-            main = psutil.Process(self.process.pid)
-            processes = [main, *main.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            processes = []
-        for process in processes:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.kill()
-        self.process.wait()  # reaped here, not by psutil: Popen would take a child reaped elsewhere for exit 0
-        psutil.wait_procs(processes[1:], timeout=30)
+        """SIGKILL the container's every process."""
+        kill_tree(self.process)
 
     def wait_for(self, text: str, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if text in self.output():
-                return True
-            if self.process.poll() is not None:
-                return text in self.output()
-            time.sleep(0.1)
-        return False
+        return wait_for_output(self.output, self.process, text, timeout)
 
 
 @dataclass
