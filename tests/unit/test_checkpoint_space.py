@@ -1,15 +1,14 @@
 """A checkpoint save that cannot fit is refused before anything is written, by every rank together
 (the write-error path is also drilled on real jobs in tests/integration/test_drills.py)."""
 
-import resource
 import shutil
-import signal
 from collections import namedtuple
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.helpers.checkpoint_state import file_size_limit
 from trainer.checkpoint import save_checkpoint
 from trainer.checkpoint.engine_state import EngineState
 from trainer.checkpoint.save_guard import CheckpointInterrupted, CheckpointWriteError
@@ -89,14 +88,8 @@ class _SavesTooMuch(_FakeEngine):
 
 @pytest.fixture
 def one_mib_file_limit():
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # fail the write with EFBIG, don't kill pytest
-    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))
-    try:
+    with file_size_limit(1 << 20):
         yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-        signal.signal(signal.SIGXFSZ, handler)
 
 
 def test_a_failed_write_removes_the_partial_directory_and_names_the_checkpoint(tmp_path, one_mib_file_limit):

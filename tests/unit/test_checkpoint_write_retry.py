@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import errno
 import json
-import resource
 import signal
 import time
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint import filesystem
 
+from tests.helpers.checkpoint_state import RowTable, file_size_limit
 from trainer.checkpoint import FieldsState, load_checkpoint, save_checkpoint
 from trainer.checkpoint import write_retry as write_retry_module
 from trainer.checkpoint.checkpoint_files import checkpoint_damage, complete_checkpoints
@@ -24,7 +24,6 @@ from trainer.checkpoint.save_plan import FileWrite
 from trainer.checkpoint.write_retry import is_transient_write_error, rename_once, retry_transient, save_torch_file
 from trainer.engine.stop_conditions import StopSignal
 from trainer.parallel import shutdown_clock, single_process_dims
-from trainer.parallel.sharded_state import ShardedRows
 
 DIMS = single_process_dims(torch.device("cpu"))
 
@@ -63,17 +62,6 @@ class _Entry:
         self.loaded = torch.load(path / "payload.pt")
 
 
-class _Rows:
-    def __init__(self, rows: torch.Tensor) -> None:
-        self.rows = rows
-
-    def state_dict(self) -> dict:
-        return {"rows": ShardedRows(self.rows, 0, len(self.rows), len(self.rows))}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.rows = state["rows"].rows
-
-
 def _failing(times: int, code: int, calls: list, then=None):
     """A write that leaves half a file and fails with ``code`` the first ``times`` calls, then ``then``."""
     def write(*args):
@@ -100,7 +88,7 @@ class _Position:
 
 
 def _state(entry):
-    return {"trainer": FieldsState(_Position()), "entry": entry, "table": _Rows(torch.arange(8.0).view(4, 2))}
+    return {"trainer": FieldsState(_Position()), "entry": entry, "table": RowTable(torch.arange(8.0).view(4, 2))}
 
 
 def test_a_file_and_the_rows_failing_with_eio_twice_then_succeeding_give_a_complete_checkpoint(
@@ -114,7 +102,7 @@ def test_a_file_and_the_rows_failing_with_eio_twice_then_succeeding_give_a_compl
     assert complete_checkpoints(tmp_path) == [path] and checkpoint_damage(path) is None
     assert not list(tmp_path.glob("*.tmp"))
     restored_entry, restored = _Entry(None), _state(None)
-    restored["entry"], restored["table"] = restored_entry, _Rows(torch.zeros(4, 2))
+    restored["entry"], restored["table"] = restored_entry, RowTable(torch.zeros(4, 2))
     load_checkpoint(path, restored, DIMS)
     assert torch.equal(restored_entry.loaded["weights"], torch.arange(1000.0))
     assert torch.equal(restored["table"].rows, torch.arange(8.0).view(4, 2))
@@ -180,14 +168,8 @@ def test_the_shutdown_clock_counts_from_the_sigterm_with_the_agents_timeout(monk
 
 @pytest.fixture
 def one_mib_file_limit():
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # fail the write with EFBIG, don't kill pytest
-    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))
-    try:
+    with file_size_limit(1 << 20):
         yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-        signal.signal(signal.SIGXFSZ, handler)
 
 
 @pytest.mark.parametrize("zipfile", [True, False])  # torch's format, and DeepSpeed's default (legacy)
