@@ -82,7 +82,9 @@ def compare_curves(mine: Job, reference: Job, exact_until: int) -> tuple[str | N
     return None, summary
 
 
-def _uninterrupted(context: DrillContext, name: str, overrides: list[str]) -> Job:
+def uninterrupted_job(context: DrillContext, name: str, overrides: list[str]) -> Job:
+    """The never-interrupted run of ``overrides`` that an elastic drill is compared with, run once per
+    work directory."""
     job = Job(context.work_dir / name, context.shards)
     if not list((job.run_dir / "logs").glob("rank-*.jsonl")) or not loss_curve(job):
         job = context._finished_job(name, overrides)

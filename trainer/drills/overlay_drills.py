@@ -167,7 +167,7 @@ OVERLAY_DRILLS: dict[str, Callable[[DrillContext, str], DrillResult]] = {
 def node_lost_for_good(context: DrillContext, overlay: str) -> DrillResult:
     """Pod 1 SIGKILLed in step 3 and never rescheduled (its node is gone): pod 0's agent restarts its
     rank into a round of one node, which resumes the step-2 checkpoint with the same global batch."""
-    reference = elastic._uninterrupted(context, "uninterrupted-sync-4", elastic.FOUR_STEPS)
+    reference = elastic.uninterrupted_job(context, "uninterrupted-sync-4", elastic.FOUR_STEPS)
     with PodJob(overlay, context.directory(f"pods-{overlay}-node-lost-for-good"), context.shards,
                 elastic.FOUR_STEPS) as job:
         job.arm(1, _held(3))
@@ -189,7 +189,7 @@ def node_returns(context: DrillContext, overlay: str) -> DrillResult:
     """As node-lost-for-good over 6 steps; pod 1 is rescheduled while pod 0, alone, is held in step 4.
     Pod 0's agent stops its rank for the new member (SIGTERM: a save that takes 40 s), and the job
     grows back to 2 nodes from that save, losing no step."""
-    reference = elastic._uninterrupted(context, "uninterrupted-sync-6", elastic.SIX_STEPS)
+    reference = elastic.uninterrupted_job(context, "uninterrupted-sync-6", elastic.SIX_STEPS)
     with PodJob(overlay, context.directory(f"pods-{overlay}-node-returns"), context.shards, elastic.SIX_STEPS) as job:
         job.arm(0, _held(4), once="held-alone", INSTCLS_SLOW_SAVE=f"{elastic.SLOW_SAVE_S},step=4")
         job.arm(1, _held(3))
