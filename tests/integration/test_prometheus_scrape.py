@@ -26,7 +26,7 @@ import pytest
 
 from tests.helpers.k8s_manifests import dashboard_queries
 from tests.helpers.training import FAST, REPO, train_command
-from trainer.parallel.launch import free_port
+from trainer.parallel.launch import free_port_run
 
 pytestmark = pytest.mark.integration
 
@@ -72,9 +72,9 @@ def prometheus_binary():
 
 
 def test_prometheus_scrapes_both_ranks_of_a_training_run(digits_split, tmp_path, prometheus_binary):
-    metrics_port, prometheus_port = free_port(), free_port()
+    metrics_port, prometheus_port = free_port_run(2), free_port_run(1)  # rank r serves metrics_port + r
     while prometheus_port in (metrics_port, metrics_port + 1):
-        prometheus_port = free_port()
+        prometheus_port = free_port_run(1)
     config = tmp_path / "prometheus.yml"
     exporter = serve_dcgm_fixture()
     # Target labels as a PodMonitor's: the rank's pod, and the exporter's own pod (a DaemonSet's)
@@ -96,8 +96,10 @@ def test_prometheus_scrapes_both_ranks_of_a_training_run(digits_split, tmp_path,
                             FAST + ["optim.epochs=50", "logging.log_every=1", f"logging.metrics_port={metrics_port}",
                                     "eval.every_epochs=1"],
                             launcher=[sys.executable, "-m", "trainer.cli", "launch"])
-    training = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                env=dict(os.environ, OMP_NUM_THREADS="1"))
+    training_log = tmp_path / "training.log"
+    with training_log.open("wb") as log:
+        training = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                    env=dict(os.environ, OMP_NUM_THREADS="1"))
     # every panel's expression, as Grafana sends it with "All" jobs selected
     _, queries = dashboard_queries()
     panels = [q.replace('=~"$job"', '=~".+"') for q in queries if not q.startswith("label_values")]
@@ -105,6 +107,9 @@ def test_prometheus_scrapes_both_ranks_of_a_training_run(digits_split, tmp_path,
         deadline, answers = time.time() + 300, {}
         while time.time() < deadline:
             time.sleep(2)
+            # a failed run cannot fill the panels: say why at once rather than at the deadline
+            assert training.poll() in (None, 0), f"training exited {training.returncode}:\n" + \
+                training_log.read_text(errors="replace")[-4000:]
             try:
                 answers = {promql: query(prometheus_port, promql) for promql in panels}
             except OSError:
@@ -112,7 +117,8 @@ def test_prometheus_scrapes_both_ranks_of_a_training_run(digits_split, tmp_path,
             samples = answers[panels[0]] and query(prometheus_port, "instcls_samples_processed_total > 0")
             if all(answers.values()) and samples and len({s["metric"]["rank"] for s in samples}) == 2:
                 break
-        assert not [promql for promql, series in answers.items() if not series], answers
+        assert not [promql for promql, series in answers.items() if not series], \
+            (answers, training_log.read_text(errors="replace")[-4000:])
         samples = query(prometheus_port, "instcls_samples_processed_total > 0")
         assert sorted(s["metric"]["rank"] for s in samples) == ["0", "1"], samples
         quantile = query(prometheus_port, "histogram_quantile(0.5, sum by (le) "

@@ -34,6 +34,7 @@ from __future__ import annotations
 import atexit
 import math
 import os
+import random
 import shutil
 import signal
 import socket
@@ -179,6 +180,37 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+EPHEMERAL_PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def free_port_run(count: int, port_range: Path = EPHEMERAL_PORT_RANGE) -> int:
+    """The first of ``count`` consecutive ports that were all free a moment ago, for a job whose local
+    rank r serves ``base + r``.  ``free_port() + 1`` is not one: a bind to port 0 is given an ephemeral
+    port, and the kernel gives its neighbours to outgoing connections (gloo's, a scraper's), so on a
+    busy machine ``+ 1`` is taken by the time the job binds it.  The run is picked below the ephemeral
+    range, where only an explicit bind can take a port."""
+    try:
+        ephemeral_low = int(port_range.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768  # Linux's default range starts here
+    generator = random.Random()
+    for _ in range(200):
+        base = generator.randrange(10000, max(ephemeral_low - count, 10001))
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(sock)
+                sock.bind(("0.0.0.0", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no {count} consecutive free ports between 10000 and {ephemeral_low}")
 
 
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "<quota> <period>" or "max <period>"
