@@ -63,7 +63,8 @@ gpu-check:
 # The training image from the Dockerfile, as localhost/instcls:<version>: `docker build` when a Docker
 # daemon answers; otherwise (as root) buildah, installed with mmdebstrap when missing, on a Debian
 # base made once with mmdebstrap in place of the registry's python:3.11-slim-bookworm (docs/cluster.md).
-# About 6 GB of wheels are downloaded into it.
+# About 6 GB of wheels are downloaded into it. The checkout's commit goes in as build arguments
+# (INSTCLS_GIT_COMMIT, INSTCLS_GIT_DIRTY): run.json and `instcls --version` name it in the image.
 image:
 	$(PYTHON) -m scripts.image.build
 

@@ -12,9 +12,12 @@ The subset: ``resources`` (YAML files, and directories holding a Kustomization),
 resources), ``images`` (``name`` -> ``newName``/``newTag``/``digest`` on every ``image`` of a
 ``containers`` or ``initContainers`` list, at any depth: kustomize does so for custom resources
 too), ``patches`` (inline JSON 6902 patches, ops add/remove/replace, on the resources that match a
-``target`` by kind and name) and ``sortOptions: {order: fifo}`` on the top kustomization (resources
-in the order listed, depth first, a component's after its parent's).  Any other field is refused with the file's name,
-so a kustomization that grows a feature fails here instead of rendering something else.
+``target`` by kind and name), ``replacements`` (inline: one ``source`` selected by kind and name, its
+``fieldPath`` copied to each target's ``fieldPaths``; paths of map keys and ``[key=value]`` list
+selectors; run after the kustomization's images, as kustomize runs them) and ``sortOptions: {order:
+fifo}`` on the top kustomization (resources in the order listed, depth first, a component's after its
+parent's).  Any other field is refused with the file's name, so a kustomization that grows a feature
+fails here instead of rendering something else.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pathlib import Path
 import yaml
 
 KUSTOMIZATION_NAMES = ("kustomization.yaml", "kustomization.yml", "Kustomization")
-FIELDS = {"apiVersion", "kind", "resources", "components", "images", "patches", "sortOptions"}
+FIELDS = {"apiVersion", "kind", "resources", "components", "images", "patches", "replacements", "sortOptions"}
 PATCH_OPS = {"add", "remove", "replace"}
 IMAGE_FIELDS = {"name", "newName", "newTag", "digest"}
 CONTAINER_LISTS = ("containers", "initContainers")
@@ -84,7 +87,8 @@ def _load(directory: Path, kind: str) -> tuple[Path, dict]:
 
 
 def _build(directory: Path, kind: str, objects: list[dict] | None = None) -> list[dict]:
-    """Accumulate a kustomization's resources, then apply its components, its own patches and images.
+    """Accumulate a kustomization's resources, then apply its components, its own patches, images and
+    replacements (kustomize's order).
 
     A Component is built onto ``objects`` (its parent's resources so far), which its images rewrite."""
     _, data = _load(directory, kind)
@@ -110,6 +114,8 @@ def _build(directory: Path, kind: str, objects: list[dict] | None = None) -> lis
     for image in data.get("images", []):
         for obj in objects:
             _set_images(obj, image)
+    for replacement in data.get("replacements", []):
+        _apply_replacement(directory, objects, replacement)
     return objects
 
 
@@ -155,6 +161,81 @@ def _apply_operation(obj: dict, operation: dict, directory: Path) -> None:
         del node[last]
     else:
         node[last] = value
+
+
+def _apply_replacement(directory: Path, objects: list[dict], replacement: dict) -> None:
+    """One ``replacements`` entry: the value at the source's ``fieldPath`` written at every target's
+    ``fieldPaths`` (kustomize fails when a target path is missing; so does this)."""
+    source, targets = replacement.get("source"), replacement.get("targets")
+    if (set(replacement) != {"source", "targets"} or not isinstance(source, dict)
+            or set(source) != {"kind", "name", "fieldPath"} or not isinstance(targets, list)):
+        raise UnsupportedKustomization(
+            f"{directory}: a replacements entry takes an inline source (kind, name, fieldPath) and targets, got "
+            f"{replacement!r} (a path: entry, other selectors and options are outside the subset)")
+    found = _selected(directory, objects, source, "replacement source")[0]
+    values = _field_nodes(directory, found, source["fieldPath"], "replacement source")
+    if len(values) != 1 or not isinstance(values[0][0][values[0][1]], (str, int, float, bool)):
+        raise UnsupportedKustomization(f"{directory}: replacement source {source['fieldPath']} must name one scalar "
+                                       f"field of {source['kind']} {source['name']!r}")
+    parent, key = values[0]
+    for target in targets:
+        select, paths = target.get("select") or {}, target.get("fieldPaths")
+        if set(target) != {"select", "fieldPaths"} or set(select) != {"kind", "name"} or not paths:
+            raise UnsupportedKustomization(f"{directory}: a replacement target takes select (kind, name) and "
+                                           f"fieldPaths, got {target!r}")
+        for obj in _selected(directory, objects, select, "replacement target"):
+            for path in paths:
+                for node, field in _field_nodes(directory, obj, path, "replacement target"):
+                    node[field] = json.loads(json.dumps(parent[key]))
+
+
+def _selected(directory: Path, objects: list[dict], selector: dict, role: str) -> list[dict]:
+    """The objects of ``selector``'s kind and name: exactly one for a source, at least one for a target
+    (kustomize skips a target that selects nothing; a renamed object should fail here instead)."""
+    matched = [obj for obj in objects
+               if obj.get("kind") == selector["kind"] and obj.get("metadata", {}).get("name") == selector["name"]]
+    if not matched or (role == "replacement source" and len(matched) > 1):
+        raise UnsupportedKustomization(f"{directory}: {role} {selector['kind']} {selector['name']!r} matches "
+                                       f"{len(matched)} resources, not one")
+    return matched
+
+
+def _path_parts(path: str) -> list[str]:
+    """``a.[name=x.y].b`` -> [``a``, ``[name=x.y]``, ``b``]: dots inside brackets do not split."""
+    parts, current, depth = [], "", 0
+    for char in path:
+        if char == "." and depth == 0:
+            parts.append(current)
+            current = ""
+            continue
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        current += char
+    return [*parts, current]
+
+
+def _field_nodes(directory: Path, obj: dict, path: str, role: str) -> list[tuple[dict, str]]:
+    """(map, key) of every field ``path`` reaches in ``obj``; a ``[key=value]`` part keeps each list item whose
+    ``key`` is ``value``.  A path that reaches nothing is an error, as in kustomize."""
+    *walk, last = _path_parts(path)
+    if not last or last.startswith("[") or last.isdigit() or last == "*":
+        raise UnsupportedKustomization(f"{directory}: {role} fieldPath {path} must end at a map key")
+    nodes = [obj]
+    for part in walk:
+        selector = part[1:-1].split("=", 1) if part.startswith("[") and part.endswith("]") else None
+        if selector is not None and len(selector) == 2:
+            key, value = selector
+            nodes = [item for node in nodes if isinstance(node, list) for item in node
+                     if isinstance(item, dict) and str(item.get(key)) == value]
+        elif selector is None and part and not part.isdigit() and part != "*":
+            nodes = [node[part] for node in nodes if isinstance(node, dict) and part in node]
+        else:
+            raise UnsupportedKustomization(f"{directory}: {role} fieldPath {path}: {part!r} is outside the subset "
+                                           "(map keys and [key=value] list selectors)")
+    found = [(node, last) for node in nodes if isinstance(node, dict) and last in node]
+    if not found:
+        raise UnsupportedKustomization(f"{directory}: unable to find field {path!r} in {role} "
+                                       f"{obj.get('kind')} {obj.get('metadata', {}).get('name')!r}")
+    return found
 
 
 def _set_images(node, rule: dict) -> None:

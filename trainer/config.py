@@ -19,6 +19,7 @@ import ds_configs
 from data_pipeline.contract import LoaderConfig
 from trainer.config_building import ConfigError, apply_overrides, build_dataclass
 from trainer.config_elastic import ElasticSettings
+from trainer.config_tracking import MlflowSettings
 from trainer.eval_config import EvalSection
 from trainer.models import ModelConfig
 from trainer.objectives import ObjectiveConfig, OptimSettings, default_objective_config
@@ -276,6 +277,9 @@ class LoggingSection:
         ``progress_every_s`` seconds, through the endpoint the TrainJob runtime injects
         (``trainer.observability.trainjob_status``).  A report that fails logs one warning and
         training goes on.  Off by default; on in ``k8s/overlays/trainjob``.
+    mlflow: rank 0 mirrors the run into an MLflow run (``MlflowSettings``: tracking URI, experiment,
+        run name, request limits): params, every scalar of the JSON log, tags, run.json, the summary
+        and the model card; off while ``tracking_uri`` is empty.
     """
 
     dir: Path = Path("logs")
@@ -287,6 +291,7 @@ class LoggingSection:
     consumed_ids: bool = False
     tensorboard: bool = False
     trainjob_status: bool = False
+    mlflow: MlflowSettings = field(default_factory=MlflowSettings)
 
     def __post_init__(self) -> None:
         if not isinstance(self.trainjob_status, bool):

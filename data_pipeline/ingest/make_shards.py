@@ -11,12 +11,12 @@ samples 0..N-1 in shard order and writes the manifest last.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from data_pipeline.ingest.ingest_state import IngestPlan, Part
 from data_pipeline.ingest.parallel_ingest import run_ingest
 from data_pipeline.ingest.part_listing import list_part
+from data_pipeline.ingest.shard_settings import ShardSettings
 from data_pipeline.ingest.shard_writer import BadImageError, ShardJob, checked_jpeg, shard_name, write_shard
 from data_pipeline.ingest.sources.generated import Source
 from data_pipeline.shardset.manifest import ShardManifest
@@ -25,26 +25,6 @@ from data_pipeline.shardset.table_file import sha256_of
 
 __all__ = ["BadImageError", "ShardSettings", "checked_jpeg", "decode_int64", "encode_int64", "sha256_of",
            "write_shards"]
-
-
-@dataclass(frozen=True)
-class ShardSettings:
-    prefix: str = "shard"
-    samples_per_shard: int = 1000
-    on_bad_image: str = "error"  # or "skip"
-    seed: int = 0
-    workers: int = 0  # processes that check/encode images; 0: every CPU this process may use
-    max_side: int | None = None  # shrink larger images so their longer side is this (None: keep)
-
-    def __post_init__(self) -> None:
-        if self.samples_per_shard < 1:
-            raise ValueError(f"--samples-per-shard {self.samples_per_shard}: use at least 1")
-        if self.on_bad_image not in ("error", "skip"):
-            raise ValueError(f"--on-bad-image {self.on_bad_image!r}: choose 'error' or 'skip'")
-        if "/" in self.prefix or not self.prefix:
-            raise ValueError(f"--prefix {self.prefix!r}: use a plain file-name prefix such as 'imagenet-train'")
-        if self.max_side is not None and self.max_side < 8:
-            raise ValueError(f"--max-side {self.max_side}: use at least 8 pixels (or leave it out)")
 
 
 def write_shards(source: Source, out_dir: Path, settings: ShardSettings, progress: bool = True,

@@ -1,5 +1,7 @@
 """`make image`: build the Dockerfile as ``instcls:<version>`` with Docker, or with buildah on a
-base made locally (``base_image.py``) when no Docker daemon answers.  Prints the image's size."""
+base made locally (``base_image.py``) when no Docker daemon answers, telling the build the
+checkout's commit (``INSTCLS_GIT_COMMIT``, ``INSTCLS_GIT_DIRTY``: the image has no ``.git``).
+Prints the image's size."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 
 from scripts.image.base_image import ensure_base
 from scripts.image.engines import Buildah, Docker, ImageToolError, pick_engine
+from trainer.code_identity import GIT_COMMIT_VARIABLE, GIT_DIRTY_VARIABLE, git_state
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,14 +29,24 @@ def default_tag() -> str:
     return f"localhost/instcls:{package_version()}"
 
 
+def commit_build_args(source: Path = ROOT) -> dict[str, str]:
+    """The Dockerfile's build arguments that name the checkout's commit; none outside a checkout."""
+    git = git_state(source)
+    if git is None:
+        return {}
+    return {GIT_COMMIT_VARIABLE: git["commit"], GIT_DIRTY_VARIABLE: str(git["dirty"]).lower()}
+
+
 def build_image(tag: str) -> Docker | Buildah:
     """Build ``tag`` from the repository's Dockerfile; the engine that did."""
     engine = pick_engine()
-    print(f"building {tag} with {engine.name}", flush=True)
+    build_args = commit_build_args()
+    print(f"building {tag} with {engine.name}, " + (f"commit {build_args[GIT_COMMIT_VARIABLE]}" if build_args else
+                                                     f"no commit ({ROOT} is not a git checkout)"), flush=True)
     if isinstance(engine, Buildah):
         ensure_base()
     started = time.monotonic()
-    engine.build(tag, ROOT)
+    engine.build(tag, ROOT, build_args)
     print(f"built {tag} with {engine.name} in {time.monotonic() - started:.0f} s: "
           f"{engine.size(tag)}", flush=True)
     return engine

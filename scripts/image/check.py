@@ -2,7 +2,8 @@
 manifest's command, environment, working directory, user and mounts; ``pod_spec.py``) and check
 what it holds:
 
-* ``instcls --version``, and what the image holds: every ``==`` pin of pyproject.toml, ``pip check``,
+* ``instcls --version``, which must name the commit the image was built from and the image;
+  what the image holds: every ``==`` pin of pyproject.toml, ``pip check``,
   no build context it should not carry (``.dockerignore``), the non-root user (uid 1000);
 * ``instcls selftest`` (its CPU rows without a GPU);
 * ``instcls plan`` on the shipped ImageNet-21K config;
@@ -29,9 +30,10 @@ from pathlib import Path
 
 import yaml
 
-from scripts.image.build import ROOT, build_image, default_tag
+from scripts.image.build import ROOT, build_image, commit_build_args, default_tag
 from scripts.image.engines import Buildah, Docker, ImageToolError, RunSpec, docker_answers
 from scripts.image.pod_spec import PodSpec, read_pod_spec
+from trainer.code_identity import GIT_COMMIT_VARIABLE, IMAGE_VARIABLE
 from trainer.parallel.launch import free_port
 
 WORK = ROOT / "out" / "image-check"
@@ -98,10 +100,11 @@ def pinned_versions(pyproject: Path = ROOT / "pyproject.toml") -> dict[str, str]
 
 class PodRunner:
     """Runs commands in one container of the image as the pod would: its user, working directory,
-    environment (plus ``LOCAL_ENV``) and volumes, each volume a host directory under ``work``."""
+    environment (plus ``LOCAL_ENV``, and ``INSTCLS_IMAGE`` = ``tag``, which the overlays' replacements set
+    in the cluster) and volumes, each volume a host directory under ``work``."""
 
     def __init__(self, engine: Docker | Buildah, tag: str, pod: PodSpec, work: Path) -> None:
-        self.engine, self.pod = engine, pod
+        self.engine, self.pod, self.tag = engine, pod, tag
         self.volumes: dict[str, tuple[str, bool]] = {}
         for mount in pod.mounts:
             host = work / "volumes" / mount.path.strip("/").replace("/", "_")
@@ -121,7 +124,7 @@ class PodRunner:
         command may write (the shards, which a separate job writes in the cluster)."""
         volumes = {host: (path, read_only and path not in writable) for host, (path, read_only) in self.volumes.items()}
         spec = RunSpec(argv=tuple(argv), user=f"{self.pod.user}:{self.pod.group}", working_dir=self.pod.working_dir,
-                       env={**self.pod.env, **LOCAL_ENV, **(env or {})}, volumes=volumes,
+                       env={**self.pod.env, IMAGE_VARIABLE: self.tag, **LOCAL_ENV, **(env or {})}, volumes=volumes,
                        read_only_root=self.pod.read_only_root)
         result = self.engine.run(self.handle, spec, capture=True)
         log.write_text(f"$ {' '.join(argv)}\n{result.stdout}\n{result.stderr}")
@@ -148,7 +151,15 @@ def tail(text: str, lines: int = 15) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def run_steps(runner: PodRunner, logs: Path) -> list[StepResult]:
+def version_pattern(tag: str, commit: str | None) -> str:
+    """What ``instcls --version`` prints in the pod: the version, the commit the build was given (any
+    line when none was), the image."""
+    code = f"git {commit}[^\n]*" if commit else "[^\n]*"
+    return f"instcls \\S+\n{code}\nimage {re.escape(tag)}"
+
+
+def run_steps(runner: PodRunner, logs: Path, commit: str | None = None) -> list[StepResult]:
+    """The checks in order; ``commit``: the one the build was given, which ``instcls --version`` must name."""
     results: list[StepResult] = []
 
     def step(name: str, argv: list[str], expect: str | None = None, summary=None, **kwargs) -> None:
@@ -175,7 +186,7 @@ def run_steps(runner: PodRunner, logs: Path) -> list[StepResult]:
     config_dir = runner.host_dir(CONFIG_DIR)
     write_job_config(config_dir, epochs=1)
     port = {"PET_MASTER_PORT": str(free_port())}
-    step("instcls --version", ["instcls", "--version"], expect=r"instcls \S+")
+    step("instcls --version", ["instcls", "--version"], expect=version_pattern(runner.tag, commit))
     step("image contents", ["python", "-c", IMAGE_CONTENTS_PROGRAM, json.dumps(pinned_versions()),
                             json.dumps(CONTEXT_LEFTOVERS)], expect=r'"pins": \d+', summary=contents_summary)
     before = runner.engine.root_files(runner.handle)  # after a first run made the mount points
@@ -259,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         (WORK / "logs").mkdir(parents=True)
         runner = PodRunner(engine, tag, pod, WORK)
         try:
-            results = run_steps(runner, WORK / "logs")
+            results = run_steps(runner, WORK / "logs", None if args.no_build else commit_build_args().get(
+                GIT_COMMIT_VARIABLE))
         finally:
             runner.close()
         ok = report(results, engine, tag)

@@ -62,6 +62,11 @@ class RunSpec:
         return argv
 
 
+def build_arg_flags(build_args: dict[str, str] | None) -> list[str]:
+    """``--build-arg NAME=VALUE`` for each, as both ``docker build`` and ``buildah bud`` take them."""
+    return [flag for name, value in (build_args or {}).items() for flag in ("--build-arg", f"{name}={value}")]
+
+
 def docker_answers() -> bool:
     if shutil.which("docker") is None:
         return False
@@ -72,8 +77,8 @@ class Docker:
     name = "docker"
     enforces_read_only_root = True  # --read-only
 
-    def build(self, tag: str, context: Path) -> None:
-        run_command(["docker", "build", "-t", tag, str(context)])
+    def build(self, tag: str, context: Path, build_args: dict[str, str] | None = None) -> None:
+        run_command(["docker", "build", *build_arg_flags(build_args), "-t", tag, str(context)])
 
     def size(self, tag: str) -> str:
         size = int(run_command(["docker", "image", "inspect", "-f", "{{.Size}}", tag], capture=True).stdout)
@@ -99,8 +104,9 @@ class Buildah:
     name = "buildah"
     enforces_read_only_root = False  # checked instead: ``root_files`` before and after
 
-    def build(self, tag: str, context: Path) -> None:
-        argv = ["buildah", "bud", "--isolation", "chroot", "--pull=never", "--layers", "-t", tag]
+    def build(self, tag: str, context: Path, build_args: dict[str, str] | None = None) -> None:
+        argv = ["buildah", "bud", "--isolation", "chroot", "--pull=never", "--layers", *build_arg_flags(build_args),
+                "-t", tag]
         if HOST_CA_BUNDLE.exists():
             argv += ["--volume", f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro"]
         run_command(argv + [str(context)])

@@ -17,8 +17,10 @@ CAP_GIB = 0.12
 
 def test_sweep_finds_both_limits_and_writes_table_csv_and_plot(tmp_path, capsys):
     out = tmp_path / "report"
+    # DDP is instcls's replicated classifier alone, the code the planner plans (torch's op beside it:
+    # test_ddp_baseline.py, and under a real cap test_bench_torch_peer.py).
     args = (f"bench ddp-vs-dhp --ranks 2 --batch 32 --dim 64 --chunk-size 4096 --cap-gib {CAP_GIB} "
-            f"--start-classes 80000 --refine-steps 0 --out {out}").split()
+            f"--start-classes 80000 --refine-steps 0 --ddp-baseline instcls --out {out}").split()
     assert main(args) == 0
     summary = json.loads((out / "summary.json").read_text())
     ddp, dhp = summary["largest_classes"]["ddp"], summary["largest_classes"]["dhp"]

@@ -3,7 +3,8 @@ over the rows chosen with ``--only`` below, every CPU row in the slow run); a fa
 the command; on a GPU node (marker ``gpu``) every check must run and pass.  Nothing
 passes vacuously: each of these fails the command (a GPU node whose CUDA cannot start, a check
 failing on rank 1 only, a rank raising while the others wait in a collective, PIC's store wrong
-but finite, a host sync in the smoothing/CO2 step)."""
+but finite, a host sync in the smoothing/CO2 step), and the GPU step must run the DeepSpeed config
+the shipped GPU jobs run."""
 
 from __future__ import annotations
 
@@ -12,22 +13,24 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import yaml
 
 from trainer.selftest.report import FAIL, PASS, SKIPPED, CheckResult
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-GPU_ONLY = {"bf16 ZeRO-2 ResNet-50 step"}
+GPU_ONLY = {"in1k job step"}
 EVERY_CHECK = {"devices", "compiled CO2 kernel", "PIC host store + prefetch", "DALI decode", "collectives",
                "sharded classifier", "host syncs per step"} | GPU_ONLY
 # The CPU rows whose checks no other default-suite test runs whole and unplanted, and the GPU-only row.
 # The others' code is run there: the compiled CO2 kernel against eager by tests/unit/test_co2_kernel.py,
 # DALI's CPU decode by tests/integration/test_loaders.py, the host-sync count on fake devices, whole, by
 # test_a_host_sync_in_the_smoothing_and_co2_step_fails_the_check below.
-CHOSEN = ["devices", "PIC host store + prefetch", "collectives", "sharded classifier", "bf16 ZeRO-2 ResNet-50 step"]
+CHOSEN = ["devices", "PIC host store + prefetch", "collectives", "sharded classifier", "in1k job step"]
 
 
 def test_the_chosen_cpu_rows_pass_and_the_gpu_only_row_says_it_was_skipped(tmp_path, capsys):
@@ -193,9 +196,63 @@ def test_a_host_sync_in_the_smoothing_and_co2_step_fails_the_check(monkeypatch):
 
 def test_each_distributed_row_is_named_as_its_check_names_it():
     """A row merged over ranks takes ``check_name``: it must be the name the check reports itself (the
-    first GPU run found the bf16 ZeRO-2 row renamed 'bf16 zero2 step' whenever it ran)."""
+    first GPU run found the GPU step's row renamed after its function whenever it ran)."""
     from trainer.selftest.distributed_checks import DISTRIBUTED_CHECKS, check_name
 
     assert [check_name(check) for check in DISTRIBUTED_CHECKS] == ["collectives", "sharded classifier",
-                                                                     "bf16 ZeRO-2 ResNet-50 step"]
+                                                                     "in1k job step"]
     assert set(map(check_name, DISTRIBUTED_CHECKS)) <= EVERY_CHECK
+
+
+def shipped_gpu_jobs_deepspeed_files() -> dict[str, str]:
+    """Each shipped GPU job (a configs/ file on ``parallel.device: cuda``; the k8s ConfigMaps embed three of
+    them) and the DeepSpeed file it names, read from the YAML itself."""
+    jobs = {}
+    for path in sorted((REPO / "configs").glob("*.yaml")):
+        data = yaml.safe_load(path.read_text())
+        if data.get("parallel", {}).get("device") == "cuda":
+            jobs[path.name] = Path(data["deepspeed_config"]).name
+    return jobs
+
+
+class StoppedAtTheDeepSpeedFile(Exception):
+    """Planted: the GPU step stopped where it reads its DeepSpeed file, before any CUDA call."""
+
+
+def test_the_gpu_step_runs_the_deepspeed_config_the_shipped_gpu_jobs_run(monkeypatch):
+    """The step row checks what the cluster runs: a step of a DeepSpeed config no shipped GPU job uses (the
+    ZeRO-2 one while they all run ZeRO-0 through autocast) fails here, and so does a shipped job moving to
+    a config that no row steps.  On CPU: the check is handed a CUDA device and stopped at its file."""
+    import torch
+
+    from trainer.selftest.distributed_checks import shipped_job_step
+
+    shipped = shipped_gpu_jobs_deepspeed_files()
+    assert len(shipped) >= 3 and len(set(shipped.values())) == 1, \
+        f"the shipped GPU jobs run several DeepSpeed configs ({shipped}): selftest needs a step row for each"
+    read = []
+
+    def reading(path, *args, **kwargs):
+        read.append(Path(path).name)
+        raise StoppedAtTheDeepSpeedFile
+
+    monkeypatch.setattr("trainer.config_deepspeed.load_deepspeed_config", reading)
+    with pytest.raises(StoppedAtTheDeepSpeedFile):
+        shipped_job_step(SimpleNamespace(device=torch.device("cuda", 0), world_size=1, rank=0))
+    assert read == sorted(set(shipped.values()))
+
+
+def test_a_missing_job_config_names_where_it_looked_and_what_to_do(monkeypatch, tmp_path):
+    from trainer.config_building import ConfigError
+    from trainer.selftest import shipped_job
+
+    monkeypatch.setattr(shipped_job, "REPO", tmp_path / "site-packages")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as error:
+        shipped_job.job_config_path()
+    message = str(error.value)
+    assert str(tmp_path / "site-packages" / "configs" / "in1k_r50_64gpu.yaml") in message
+    assert str(tmp_path / "configs" / "in1k_r50_64gpu.yaml") in message and "working directory" in message
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "in1k_r50_64gpu.yaml").write_text("{}")  # the image: configs/ under its WORKDIR
+    assert shipped_job.job_config_path() == tmp_path / "configs" / "in1k_r50_64gpu.yaml"

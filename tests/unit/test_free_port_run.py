@@ -3,6 +3,8 @@ below the kernel's ephemeral range, where outgoing connections cannot take one."
 
 import socket
 
+import pytest
+
 from trainer.parallel.launch import free_port_run
 
 
@@ -26,9 +28,5 @@ def test_a_taken_port_is_never_part_of_a_run(tmp_path):
     port_range.write_text("10004 60999\n")  # the one run of 3 that fits below 10004 is 10000-10002
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
         holder.bind(("0.0.0.0", 10002))
-        try:
+        with pytest.raises(RuntimeError, match="no 3 consecutive free ports"):
             free_port_run(3, port_range)
-        except RuntimeError as error:
-            assert "no 3 consecutive free ports" in str(error)
-        else:
-            raise AssertionError("a run overlapping the held port 10002 was returned")

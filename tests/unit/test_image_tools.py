@@ -3,6 +3,7 @@ training manifest, the Dockerfile's base, the pins the image must hold, and the 
 comparison.  Building and running the image is `tests/integration/test_image_check.py` (slow)."""
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -87,3 +88,49 @@ def test_a_run_spec_gives_docker_and_buildah_the_pods_directory_environment_and_
     assert spec.options("--workingdir") == ["--workingdir", "/opt/instcls", "--env", "HOME=/tmp/home",
                                             "--volume", "/host/tmp:/tmp", "--volume", "/host/cfg:/etc/instcls:ro"]
     assert RunSpec(argv=("true",), user="0", working_dir=None).options("--workdir") == []
+
+
+def test_make_image_tells_the_build_the_checkouts_commit(tmp_path, monkeypatch):
+    """`git` itself is the reference; a folder that is no checkout gives the build nothing."""
+    import subprocess
+
+    from scripts.image import engines
+    from scripts.image.build import commit_build_args
+
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    changed = subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", "HEAD"]).returncode != 0
+    args = commit_build_args(ROOT)
+    assert args == {"INSTCLS_GIT_COMMIT": head, "INSTCLS_GIT_DIRTY": "true" if changed else "false"}
+    assert commit_build_args(tmp_path) == {}
+    commands = []
+    monkeypatch.setattr(engines, "run_command", lambda argv, **kwargs: commands.append(argv))
+    engines.Docker().build("t:1", tmp_path, args)
+    engines.Buildah().build("t:1", tmp_path, args)
+    for argv in commands:
+        flags = [argv[i + 1] for i, word in enumerate(argv) if word == "--build-arg"]
+        assert flags == [f"INSTCLS_GIT_COMMIT={head}", f"INSTCLS_GIT_DIRTY={args['INSTCLS_GIT_DIRTY']}"]
+        assert argv[-1] == str(tmp_path)
+
+
+def test_the_image_check_gives_the_pod_its_image_and_expects_version_to_name_it(tmp_path):
+    import re
+
+    from scripts.image.check import PodRunner, version_pattern
+
+    class Recorder:
+        def start(self, tag):
+            return "container"
+
+        def run(self, handle, spec, capture=False):
+            self.spec = spec
+            return SimpleNamespace(stdout="", stderr="", returncode=0)
+
+    engine = Recorder()
+    runner = PodRunner(engine, "localhost/instcls:9.9.9", read_pod_spec(), tmp_path)
+    runner.run(["instcls", "--version"], tmp_path / "log")
+    assert engine.spec.env["INSTCLS_IMAGE"] == "localhost/instcls:9.9.9"  # not the manifest's placeholder
+    printed = "instcls 9.9.9\ngit {} (dirty: uncommitted changes)\nimage localhost/instcls:9.9.9\n"
+    assert re.search(version_pattern("localhost/instcls:9.9.9", "ab" * 20), printed.format("ab" * 20))
+    assert not re.search(version_pattern("localhost/instcls:9.9.9", "ab" * 20), printed.format("cd" * 20))
+    assert not re.search(version_pattern("localhost/instcls:9.9.9", None), printed.replace("9.9.9\n", "0.1.0\n"))

@@ -179,3 +179,116 @@ def test_the_renderer_applies_inline_json_patches_to_their_target_only(tmp_path)
 def test_the_renderer_patches_as_kubectl_does(tmp_path):
     top = _patched_overlay(tmp_path)
     assert load_renderer().render(top) == kubectl_kustomize(top)
+
+
+def _replacing_overlay(tmp_path):
+    """Replacements as kustomize orders them: a component's run after its own images and before its
+    parent's; the top's run after the top's images. List selectors match every item they name, and a
+    dot inside a selector does not split the path."""
+    write(tmp_path / "base/kustomization.yaml", "resources: [job.yaml]\n")
+    write(tmp_path / "base/job.yaml", """\
+        apiVersion: batch/v1
+        kind: Job
+        metadata: {name: train}
+        spec:
+          template:
+            spec:
+              containers:
+              - name: main
+                image: app
+                env:
+                - {name: IMAGE, value: placeholder}
+                - {name: OTHER, value: kept}
+                - {name: IMAGE, value: placeholder}
+                - {name: IMAGE.REF, value: placeholder}
+              - {name: side, image: "helper:1", env: [{name: IMAGE, value: side}]}
+        ---
+        apiVersion: v1
+        kind: ConfigMap
+        metadata: {name: record}
+        data: {image: placeholder, seen-by-component: placeholder}
+        """)
+    write(tmp_path / "component/kustomization.yaml", """\
+        apiVersion: kustomize.config.k8s.io/v1alpha1
+        kind: Component
+        images:
+        - {name: app, newName: registry.example.com/app, newTag: "1.0"}
+        replacements:
+        - source:
+            kind: Job
+            name: train
+            fieldPath: spec.template.spec.containers.[name=main].image
+          targets:
+          - select: {kind: ConfigMap, name: record}
+            fieldPaths: [data.seen-by-component]
+        """)
+    write(tmp_path / "top/kustomization.yaml", """\
+        resources: [../base]
+        components: [../component]
+        images:
+        - {name: registry.example.com/app, digest: "sha256:DIGEST"}
+        replacements:
+        - source:
+            kind: Job
+            name: train
+            fieldPath: spec.template.spec.containers.[name=main].image
+          targets:
+          - select: {kind: Job, name: train}
+            fieldPaths:
+            - spec.template.spec.containers.[name=main].env.[name=IMAGE].value
+            - spec.template.spec.containers.[name=main].env.[name=IMAGE.REF].value
+          - select: {kind: ConfigMap, name: record}
+            fieldPaths: [data.image]
+        sortOptions: {order: fifo}
+        """.replace("DIGEST", "0123456789abcdef" * 4))
+    return tmp_path / "top"
+
+
+def test_the_renderer_applies_replacements_after_the_images_of_their_kustomization(tmp_path):
+    """The values written out by hand: what kustomize's documented order gives."""
+    top = _replacing_overlay(tmp_path)
+    job, record = load_renderer().render(top)
+    final = "registry.example.com/app@sha256:" + "0123456789abcdef" * 4
+    main, side = job["spec"]["template"]["spec"]["containers"]
+    assert main["env"] == [{"name": "IMAGE", "value": final}, {"name": "OTHER", "value": "kept"},
+                           {"name": "IMAGE", "value": final}, {"name": "IMAGE.REF", "value": final}]
+    assert side["env"] == [{"name": "IMAGE", "value": "side"}]  # another container: not a target
+    assert record["data"] == {"image": final, "seen-by-component": "registry.example.com/app:1.0"}
+
+
+@needs_kubectl
+def test_the_renderer_replaces_as_kubectl_does(tmp_path):
+    top = _replacing_overlay(tmp_path)
+    assert load_renderer().render(top) == kubectl_kustomize(top)
+
+
+def test_the_renderer_refuses_replacements_that_would_not_land(tmp_path):
+    """A missing target field fails kustomize too; a target that selects nothing, which kustomize skips,
+    fails here, since it means a renamed object whose copy silently stopped."""
+    renderer = load_renderer()
+    write(tmp_path / "job.yaml", """\
+        apiVersion: v1
+        kind: Pod
+        metadata: {name: p}
+        spec:
+          containers:
+          - {name: main, image: app, env: [{name: IMAGE, value: x}]}
+        """)
+    source = "{kind: Pod, name: p, fieldPath: 'spec.containers.[name=main].image'}"
+    cases = {
+        "missing-field": (f"source: {source}\n  targets: [{{select: {{kind: Pod, name: p}}, "
+                          "fieldPaths: ['spec.containers.[name=main].env.[name=GONE].value']}]",
+                          r"unable to find field 'spec.containers.\[name=main\].env.\[name=GONE\].value'"),
+        "no-target": (f"source: {source}\n  targets: [{{select: {{kind: Pod, name: q}}, fieldPaths: [metadata.name]}}]",
+                      r"replacement target Pod 'q' matches 0 resources"),
+        "no-source": ("source: {kind: Pod, name: q, fieldPath: metadata.name}\n  targets: []",
+                      r"replacement source Pod 'q' matches 0 resources"),
+        "options": (f"source: {source}\n  targets: [{{select: {{kind: Pod, name: p}}, fieldPaths: [metadata.name], "
+                    "options: {create: true}}]", r"a replacement target takes select \(kind, name\) and fieldPaths"),
+        "from-file": ("path: replacement.yaml", r"a replacements entry takes an inline source"),
+    }
+    for name, (entry, message) in cases.items():
+        write(tmp_path / name / "kustomization.yaml",
+              f"resources: [../job.yaml]\nreplacements:\n- {entry}\nsortOptions: {{order: fifo}}\n")
+        with pytest.raises(renderer.UnsupportedKustomization, match=message):
+            renderer.render(tmp_path / name)

@@ -123,13 +123,13 @@ def test_the_agent_numbers_each_round_it_starts_and_tells_its_workers_the_shutdo
 
 def test_the_launcher_process_never_imports_torch():
     """`instcls launch` is every pod's main process and starts at every pod start; its torchrun and the
-    ranks import torch, the launcher itself need not (over a second of CPU each time)."""
+    ranks import torch, the launcher itself need not (over a second of CPU each time).  A whole launch,
+    of a worker that is `true`, end to end."""
     import subprocess
     import sys
 
-    code = ("import sys; import trainer.cli, trainer.parallel.launch, trainer.parallel.torchrun_arguments; "
-            "from trainer.parallel.launch import torchrun_command, torchrun_environment; "
-            "torchrun_environment(__import__('pathlib').Path('.'), {}, ['--nnodes', '1:2', '-m', 'x']); "
-            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    code = ("import sys; from trainer.cli import main; "
+            "code = main(['launch', '--nproc-per-node', '1', '--master-port', '0', '--no-python', 'true']); "
+            "print(code, sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    assert result.stdout.strip() == "[]", result.stdout
+    assert result.stdout.strip().splitlines()[-1] == "0 []", result.stdout + result.stderr

@@ -25,7 +25,7 @@ PACKAGES = ("trainer", "data_pipeline", "ds_configs")
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("trainer.exit_codes", "trainer.checks", "trainer.failpoints", "trainer.version",
-                    "ds_configs")),
+                    "trainer.code_identity", "ds_configs")),
     ("parallel", ("trainer.parallel",)),
     ("optim", ("trainer.optim",)),  # the backbone's optimizers: the config validates names, the engine builds
     ("data", ("data_pipeline",)),
@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("objectives", ("trainer.objectives",)),
     # the job config, with what it reads of DeepSpeed's file (config_deepspeed) and its sections' settings
     ("config", ("trainer.config_building", "trainer.eval_config", "trainer.config", "trainer.config_elastic",
-                "trainer.config_deepspeed")),
+                "trainer.config_deepspeed", "trainer.config_tracking")),
     ("checkpoint", ("trainer.checkpoint",)),
     ("provenance", ("trainer.provenance",)),  # run.json: what made a run, written by the engine, read by export
     ("evaluation", ("trainer.evaluation",)),

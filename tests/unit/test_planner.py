@@ -287,3 +287,79 @@ def test_plan_flags_with_a_config_are_applied_as_its_overrides_or_refused(tmp_pa
             main(["plan", *common, *flags])
     with pytest.raises(SystemExit, match="give the config with --config FILE"):
         main(["plan", "--num-classes", "1000", "--ranks", "2", "--set", "optim.epochs=3"])
+
+
+def _numeric_options(parser, command: str) -> list[str]:
+    """The options of ``command`` whose values are numbers (their type turns "1" into an int or float)."""
+    subcommands = next(a for a in parser._actions if a.dest == "command").choices
+    found = []
+    for action in subcommands[command]._actions:
+        if not action.option_strings or action.type is None:
+            continue
+        try:
+            value = action.type("1")
+        except Exception:
+            continue
+        if isinstance(value, (int, float)):
+            found.append(action.option_strings[0])
+    return found
+
+
+IN1K = "configs/in1k_r50_64gpu.yaml"
+PIC = "configs/pic_in1k_r50.yaml"
+# What `instcls plan --config FILE FLAG 0` does for each numeric flag: ("override", config, flags that make the
+# config differ from what 0 says, the --set it stands for); ("refused", the same flag's other value, refused
+# alike); ("below minimum", the minimum argparse names).
+ZERO_WITH_A_CONFIG = {
+    "--logits-cache-gib": ("override", IN1K,
+                           ["--kernel", "chunked", "--set", "objective.logits_cache_bytes=1073741824"],
+                           "objective.logits_cache_bytes=0"),
+    "--queue": ("override", PIC, [], "objective.queue_size=0"),
+    "--top-k": ("override", IN1K, [], "objective.smoothing_alpha=0"),  # no hard negatives: the smoothing off
+    "--zero-stage": ("refused", "2"),
+    "--gpu-memory-gib": ("below minimum", "> 0"),
+    **{flag: ("below minimum", ">= 1") for flag in ("--num-classes", "--ranks", "--batch", "--views", "--dim",
+                                                     "--chunk-size", "--image-size", "--patch-size")},
+}
+
+
+def test_zero_given_to_any_numeric_plan_flag_with_a_config_is_honoured_or_refused_as_its_other_values(
+        tmp_path, capsys):
+    """0 == False, and a flag given as 0 was taken for one not given: with --config, --logits-cache-gib 0,
+    --queue 0 and --top-k 0 were dropped in silence (the config's cache, queue and hard negatives were
+    planned) and --zero-stage 0 went through where every other stage is refused.  Each numeric flag is
+    given 0 here; a new one must say in the table above what 0 does."""
+    from trainer.cli import build_parser, main
+
+    assert sorted(_numeric_options(build_parser(), "plan")) == sorted(ZERO_WITH_A_CONFIG)
+    common = ["--ranks", "64", "--num-classes", "1281167"]
+
+    def refusal(*args: str) -> str:
+        with pytest.raises(SystemExit) as raised:
+            main(["plan", "--config", IN1K, *common, *args])
+        return f"{raised.value.code} {capsys.readouterr().err}"
+
+    for flag, (outcome, *expected) in ZERO_WITH_A_CONFIG.items():
+        if outcome == "below minimum":
+            assert f"argument {flag}: 0 is invalid: use a number {expected[0]}" in refusal(flag, "0"), flag
+        elif outcome == "refused":
+            assert refusal(flag, "0") == refusal(flag, expected[0]), flag
+        else:
+            config, making_it_differ, override = expected
+            plan_args = ["--config", config, *common, *making_it_differ]
+            config_plan = planned(tmp_path, *plan_args)
+            by_flag = planned(tmp_path, *plan_args, flag, "0")
+            printed = next(line for line in capsys.readouterr().out.splitlines()[::-1] if line.startswith("config:"))
+            assert f"--set {override} " in printed + " ", flag  # the last plan's config line
+            by_set = planned(tmp_path, *plan_args, "--set", override)
+            assert by_flag == by_set != config_plan, flag
+    # What each override plans, from the plan's own terms: no logits cache, no hard-negative rows, and
+    # PIC's sampled rows (W, momentum, gradient: 3 x D fp32) only the local batch's 2048 / 64 images.
+    cache = planned(tmp_path, "--config", IN1K, *common, *ZERO_WITH_A_CONFIG["--logits-cache-gib"][2])["dhp"]
+    assert cache["breakdown"]["logits cache"] > 0
+    assert planned(tmp_path, "--config", IN1K, *common, *ZERO_WITH_A_CONFIG["--logits-cache-gib"][2],
+                   "--logits-cache-gib", "0")["dhp"]["breakdown"]["logits cache"] == 0
+    assert planned(tmp_path, "--config", IN1K, *common, "--top-k", "0")["dhp"]["breakdown"][
+        "top-K smoothing (hard negatives, targets)"] == 0
+    rows = planned(tmp_path, "--config", PIC, *common, "--queue", "0")["pic"]["breakdown"]
+    assert rows["sampled rows (W, momentum, gradient)"] == 2048 // 64 * 3 * 128 * 4

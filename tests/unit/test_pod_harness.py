@@ -116,6 +116,7 @@ def test_each_overlay_runs_its_own_command_with_only_the_listed_substitutions(ov
     assert child["OMP_NUM_THREADS"] == "1"
     assert child.get("PET_NPROC_PER_NODE", "1") == "1"
     assert child["INSTCLS_GRACE_PERIOD_S"] == "600"  # the grace period and shutdown timeout stay
+    assert child["INSTCLS_IMAGE"] == pod.container["image"]  # what run.json records: the image as rendered
     assert child["HOME"].startswith(str(tmp_path)) and child["TMPDIR"].startswith(str(tmp_path))
     assert "NCCL_IB_HCA" in child or "NCCL_SOCKET_IFNAME" in child  # the fabric ConfigMap, as shipped
     log = (tmp_path / "changes.txt").read_text()

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from tests.helpers.training import REPO
+from trainer.code_identity import git_state
 from trainer.config import load_job_config
 from trainer.provenance import collect_provenance, describe_provenance, file_sha256, read_provenance
 from trainer.provenance.checkpoint_entry import ProvenanceState
-from trainer.provenance.run_provenance import git_state
 
 
 def test_the_record_holds_a_config_that_loads_as_the_same_job(digits_shards, tmp_path):
@@ -39,6 +39,34 @@ def test_the_code_is_named_by_its_commit_in_a_checkout_and_not_outside_one(tmp_p
     inside = git_state(REPO)
     assert inside is not None and re.fullmatch(r"[0-9a-f]{40}", inside["commit"]) and isinstance(inside["dirty"], bool)
     assert git_state(tmp_path) is None
+
+
+def test_a_run_from_the_image_records_the_commit_it_was_built_from_and_the_image(digits_shards, tmp_path,
+                                                                                 monkeypatch):
+    """No .git (the image), the build's commit and the pod's image in the environment: run.json holds
+    both, and the lines `instcls report` and the export's model card show name both."""
+    from trainer.export.export_config import InputSpec
+    from trainer.export.model_card import model_card
+
+    monkeypatch.setattr("trainer.code_identity._SOURCE", tmp_path)
+    monkeypatch.setenv("INSTCLS_GIT_COMMIT", "c0ffee" * 6 + "beef")
+    monkeypatch.setenv("INSTCLS_GIT_DIRTY", "true")
+    monkeypatch.setenv("INSTCLS_IMAGE", "registry.example.com/instcls@sha256:" + "0" * 64)
+    config = load_job_config(REPO / "configs" / "demo_cpu.yaml", [f"data.train_shards={digits_shards}"])
+    record = collect_provenance(config, None, [], 1, ["pod-0"], "run")
+    assert record["git"] == {"commit": "c0ffee" * 6 + "beef", "dirty": True}
+    assert record["image"] == "registry.example.com/instcls@sha256:" + "0" * 64
+    expected = ["git " + "c0ffee" * 6 + "beef (dirty: uncommitted changes)",
+                "image registry.example.com/instcls@sha256:" + "0" * 64]
+    assert describe_provenance(record).splitlines()[1:3] == expected
+    exported = {"instcls": {"arch": "resnet18", "library": "torchvision", "architecture": "resnet18", "width": 512,
+                            "input_norm": "none", "checkpoint": {"path": "ckpt"}}}
+    card = model_card(config, exported, "network = ...\n", {"global_step": 1, "epoch": 1}, None, record,
+                      record["train_manifest"], InputSpec(32, 37, (0.5,) * 3, (0.25,) * 3), tmp_path)
+    provenance = card.split("## Provenance", 1)[1]
+    assert all(line in provenance.splitlines() for line in expected)
+    assert "image not recorded (a run.json written before" in describe_provenance({
+        key: value for key, value in record.items() if key != "image"})
 
 
 def test_a_checkpoint_carries_the_record_of_the_run_that_wrote_it(tmp_path):

@@ -7,7 +7,8 @@ import pytest
 
 from tests.helpers.training import REPO
 from trainer.config import ConfigError, load_job_config
-from trainer.observability.tensorboard_scalars import open_tensorboard_scalars, scalars_of
+from trainer.observability.record_sinks import scalars_of
+from trainer.observability.tensorboard_scalars import open_tensorboard_scalars
 
 
 def test_a_log_steps_numbers_become_train_scalars_at_its_step():

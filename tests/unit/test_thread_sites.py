@@ -24,6 +24,8 @@ CPU_ONLY = {
         "the launcher's watches of its ranks' exit reports; the launcher never starts CUDA",
     ("trainer/observability/trainjob_status.py", "TrainJobStatusReporter.__init__"):
         "POSTs JSON progress reports to the TrainJob's status endpoint",
+    ("trainer/observability/mlflow_sink.py", "MlflowSink.__init__"):
+        "sends the JSON log's scalars and the run's files to the MLflow server over HTTP",
     ("trainer/rehearsal/processes.py", "RankMemoryWatch.__enter__"): "reads the ranks' RSS from /proc",
     ("trainer/bench/point_failure.py", "PointFailure.__init__"): "polls the job's TCP store",
     ("trainer/bench/pic_bench.py", "_AnonPeak.__init__"): "reads this process's RSS from /proc",

@@ -2,6 +2,7 @@
 ``instcls --version``."""
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,11 +22,31 @@ def test_installed_version_is_the_pyproject_version():
     assert package_version() == _pyproject_version()
 
 
-def test_cli_prints_the_version_and_exits_cleanly(capsys):
+def _printed_version(capsys) -> list[str]:
     with pytest.raises(SystemExit) as stop:
         main(["--version"])
     assert stop.value.code == 0
-    assert capsys.readouterr().out.split() == ["instcls", _pyproject_version()]
+    return capsys.readouterr().out.splitlines()
+
+
+def test_cli_prints_the_version_commit_and_image_and_exits_cleanly(capsys, monkeypatch, tmp_path):
+    """In the checkout: its HEAD; in a pod: the image the overlay copied into INSTCLS_IMAGE; outside a
+    checkout (the image): the commit the build was given."""
+    root = Path(__file__).resolve().parents[2]
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    monkeypatch.setenv("INSTCLS_IMAGE", "registry.example.com/instcls:" + _pyproject_version())
+    version, commit, image = _printed_version(capsys)
+    assert version == f"instcls {_pyproject_version()}"
+    assert re.fullmatch(rf"git {head}( \(dirty: uncommitted changes\))?", commit)
+    assert image == f"image registry.example.com/instcls:{_pyproject_version()}"
+
+    monkeypatch.setattr("trainer.code_identity._SOURCE", tmp_path)  # as installed in the image: no .git
+    monkeypatch.setenv("INSTCLS_GIT_COMMIT", "ab" * 20)
+    monkeypatch.setenv("INSTCLS_GIT_DIRTY", "false")
+    monkeypatch.delenv("INSTCLS_IMAGE")
+    assert _printed_version(capsys)[1:] == ["git " + "ab" * 20, "image not recorded (INSTCLS_IMAGE unset: not "
+                                                                "started by k8s/overlays)"]
 
 
 def test_changelog_has_a_section_for_the_current_version():

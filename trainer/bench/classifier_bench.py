@@ -15,10 +15,9 @@ so both see the same moments of a shared machine.
 from __future__ import annotations
 
 import json
-import math
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from statistics import fmean
 
@@ -27,7 +26,8 @@ import torch.distributed as dist
 
 from trainer.bench.classifier_roofline import exp2_rate, roofline
 from trainer.bench.device_ceilings import copy_gb_per_s, matmul_tflops
-from trainer.bench.step_runner import FLOAT_DTYPES, FloatDtype, StepSpec, run_steps, synchronize
+from trainer.bench.settings.classifier import ClassifierBenchSettings
+from trainer.bench.step_runner import StepSpec, run_steps, synchronize
 from trainer.classifier.classifier_config import MODES
 from trainer.observability.memory import peak_since, reset_peak
 from trainer.parallel import init_distributed
@@ -36,59 +36,6 @@ from trainer.parallel.launch import spawn_local_workers
 
 MIB = 2**20
 LOGITS = ("recompute", "cache")
-
-
-def default_chunk_size() -> int:
-    """CPU: 2048 classes keep a chunk's ``[chunk, B]`` logits within a core's L2/L3 while its
-    elementwise passes run (measured fastest of 512-8192 at B=256); GPU: big chunks fill the SMs."""
-    return 65536 if torch.cuda.is_available() else 2048
-
-
-@dataclass(frozen=True)
-class ClassifierBenchSettings:
-    """Attributes:
-    num_classes: N, the classifier's rows.
-    batch: global batch B (B / T per rank).
-    dim: feature dim D.
-    ranks: T processes.
-    chunk_size: classes per chunk (default: 2048 on CPU, 65536 on GPUs).
-    steps: timed steps.
-    warmup: untimed steps before them.
-    dtype: element type of the features, W and the logits.
-    """
-
-    num_classes: int = 1_000_000
-    batch: int = 256
-    dim: int = 128
-    ranks: int = 2
-    chunk_size: int = field(default_factory=default_chunk_size)
-    steps: int = 5
-    warmup: int = 1
-    dtype: FloatDtype = "float32"
-
-    def __post_init__(self) -> None:
-        if self.batch % self.ranks:
-            raise ValueError(f"--batch {self.batch} must be divisible by --ranks {self.ranks} (equal local batches)")
-        if self.steps < 1 or self.warmup < 0:
-            raise ValueError("--steps must be >= 1 and --warmup >= 0")
-        if self.dtype not in FLOAT_DTYPES:
-            raise ValueError(f"--dtype {self.dtype!r}: choose float32, bfloat16 or float16")
-
-    def rows_scored(self, mode: str) -> int:
-        """Samples each rank scores: the gathered batch (DHP) or its local part (DDP)."""
-        return self.batch if mode == "dhp" else self.batch // self.ranks
-
-    def classes_scored(self, mode: str) -> int:
-        """Classes held by the largest shard (DHP) or all of them (DDP)."""
-        return math.ceil(self.num_classes / self.ranks) if mode == "dhp" else self.num_classes
-
-    def cache_bytes(self, mode: str) -> int:
-        """What the logits cache holds on a rank: fp32 ``exp(z)`` of every scored (sample, class)."""
-        return self.rows_scored(mode) * self.classes_scored(mode) * 4
-
-    def useful_flops(self, mode: str) -> int:
-        """Per rank and step: forward logits, feature gradient, weight gradient."""
-        return 6 * self.rows_scored(mode) * self.classes_scored(mode) * self.dim
 
 
 def _step_spec(settings: ClassifierBenchSettings, mode: str, num_classes: int, steps: int, cache_bytes: int,
@@ -253,6 +200,7 @@ def run(settings: ClassifierBenchSettings) -> dict:
     if torch.cuda.is_available() and torch.cuda.device_count() < settings.ranks:
         raise ValueError(f"--ranks {settings.ranks} needs that many GPUs; this machine has "
                          f"{torch.cuda.device_count()}")
+    settings = settings.on_this_machine()  # the chunk size of this machine's device, unless given
     variants = [(mode, logits, "chunked") for mode in MODES for logits in LOGITS]
     if torch.cuda.is_available():  # the fused kernels keep no logits: no cache variant
         variants += [(mode, "recompute", "fused") for mode in MODES]

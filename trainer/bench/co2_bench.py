@@ -81,6 +81,7 @@ def _worker(settings: ClassifierBenchSettings, result_path: str) -> None:
 def run_co2(settings: ClassifierBenchSettings) -> dict:
     if settings.batch % (2 * settings.ranks):
         raise ValueError(f"--batch {settings.batch} must be a multiple of 2 x --ranks (two views per image)")
+    settings = settings.on_this_machine()  # the chunk size of this machine's device, unless given
     with tempfile.TemporaryDirectory() as tmp:
         result_path = str(Path(tmp) / "result.json")
         spawn_local_workers(_worker, settings.ranks, settings, result_path)
@@ -102,8 +103,8 @@ def format_co2_report(settings: ClassifierBenchSettings, summary: dict) -> str:
     return "\n".join(
         [
             f"CO2 consistency term: N={settings.num_classes:,} B={settings.batch} (two views per image) "
-            f"D={settings.dim} "
-            f"T={settings.ranks} chunk={settings.chunk_size} dtype={settings.dtype} on {summary['device']} "
+            f"D={settings.dim} T={settings.ranks} chunk={settings.on_this_machine().chunk_size} "
+            f"dtype={settings.dtype} on {summary['device']} "
             f"(median of {settings.steps} steps after {settings.warmup} warm-up, variants alternating; worst rank)",
             f"{'loss':<28}{'step s':>8}{'collectives/step':>18}",
             f"{'plain (co2_alpha 0)':<28}{step_s['plain']:>8.3f}{calls['plain']:>18}",

@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,36 +19,7 @@ from data_pipeline.ingest.sources.generated import synthetic
 from data_pipeline.loading.augment.augment_config import AugmentConfig
 from data_pipeline.loading.loader import build_loader
 from data_pipeline.loading.loader_config import LoaderConfig
-
-
-@dataclass(frozen=True)
-class DataBenchSettings:
-    """Attributes:
-    shards: shard directory (default: synthetic shards written to a temporary directory).
-    synthetic_count: images in the synthetic shards.
-    image_size: side of the synthetic images on disk.
-    crop_size: side of the global views.
-    views: global views per image.
-    small_crops: small views per image in the configured recipe.
-    batch: images per batch.
-    threads: DALI threads = DataLoader workers.
-    batches: timed batches.
-    warmup: untimed batches.
-    multicrop: small views of the multi-crop recipe measured next to the configured views (0: only
-        the configured views).
-    """
-
-    shards: Path | None = None
-    synthetic_count: int = 2048
-    image_size: int = 224
-    crop_size: int = 224
-    views: int = 2
-    small_crops: int = 0
-    batch: int = 64
-    threads: int = 2
-    batches: int = 20
-    warmup: int = 2
-    multicrop: int = 6
+from trainer.bench.settings.data import DataBenchSettings
 
 
 def view_recipes(settings: DataBenchSettings) -> dict[str, AugmentConfig]:

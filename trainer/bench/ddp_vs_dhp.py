@@ -4,6 +4,8 @@ For each mode (DDP: replicated W, DHP: sharded W) the number of classes N grows 
 until a step fails to allocate under the per-rank memory cap, then the boundary is bisected.  Each
 point runs in fresh processes (so peaks and the cap are per point) and records, per rank, the
 outcome, peak memory, and step time split into compute and classifier communication.
+DDP's point is the faster of instcls's replicated classifier and torch's ``linear_cross_entropy``
+(``trainer.bench.ddp_baseline``), so DHP is compared with the best single-device code a user has.
 Outputs in ``--out``: ``points.csv``, ``table.md`` (Table 1), ``memory.png`` (Figure 3),
 ``summary.json``.
 """
@@ -15,63 +17,19 @@ import csv
 import json
 import os
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Literal
 
+from trainer.bench.ddp_baseline import baseline_lines, describe, faster_baseline
 from trainer.bench.point_failure import PointFailure
-from trainer.bench.step_runner import FloatDtype, StepSpec, run_steps
+from trainer.bench.settings.ddp_vs_dhp import SweepSettings
+from trainer.bench.step_runner import run_steps
 from trainer.observability.memory import peak_since, reset_peak
 from trainer.parallel import init_distributed
 from trainer.parallel.launch import spawn_local_workers
 from trainer.planning.memory_cap import apply_memory_cap, is_out_of_memory
 
 GIB = 2**30
-
-
-@dataclass(frozen=True)
-class SweepSettings:
-    """Attributes:
-    ranks: T processes.
-    batch: global batch.
-    dim: feature dim D.
-    chunk_size: classes per chunk.
-    logits_cache_bytes: logits cache budget per rank (0 recomputes the logits in the backward).
-    cap_gib: memory cap per rank (GiB).
-    start_classes: the sweep's first N.
-    growth: factor from one N to the next until an allocation fails.
-    refine_steps: bisection steps between the last fit and the first failure.
-    max_classes: the sweep stops here if nothing failed.
-    steps: timed steps per point.
-    warmup: untimed steps per point.
-    dtype: element type of the features, W and the logits.
-    update_in_backward: DHP applies SGD inside the backward (W's gradient never materialised).
-    backbone: add a real backbone's forward and backward on random images.
-    image_size: side of the backbone's random images.
-    """
-
-    ranks: int = 2
-    batch: int = 256
-    dim: int = 128
-    chunk_size: int = 65536
-    logits_cache_bytes: int = 0
-    cap_gib: float = 2.0
-    start_classes: int = 100_000
-    growth: float = 2.0
-    refine_steps: int = 4
-    max_classes: int = 2_000_000_000
-    steps: int = 1
-    warmup: int = 1
-    dtype: FloatDtype = "float32"
-    update_in_backward: bool = False
-    backbone: Literal["resnet18", "resnet50"] | None = None
-    image_size: int = 64
-
-    def spec(self, mode: str, num_classes: int) -> StepSpec:
-        return StepSpec(num_classes=num_classes, batch=self.batch, dim=self.dim, chunk_size=self.chunk_size,
-                        mode=mode, logits_cache_bytes=self.logits_cache_bytes, dtype=self.dtype, steps=self.steps,
-                        warmup=self.warmup, update_in_backward=self.update_in_backward and mode == "dhp",
-                        backbone=self.backbone, image_size=self.image_size)
 
 
 def _point_worker(settings: SweepSettings, mode: str, num_classes: int, result_dir: str) -> None:
@@ -104,7 +62,25 @@ def _point_worker(settings: SweepSettings, mode: str, num_classes: int, result_d
     result_file.write_text(json.dumps(result))
 
 
+def measure_point(settings: SweepSettings, mode: str, num_classes: int) -> dict:
+    """A point of the sweep: instcls's classifier in ``mode`` (``run_point``); DDP's, with
+    ``settings.torch_baseline``, the faster of it and torch's op at the same N (``faster_baseline``)."""
+    point = run_point(settings, mode, num_classes)
+    if mode == "ddp" and settings.torch_baseline and torch_op_available():
+        from trainer.bench.torch_op_point import run_torch_point
+
+        return faster_baseline(point, run_torch_point(settings, num_classes))
+    return point
+
+
+def torch_op_available() -> bool:
+    from trainer.bench.torch_op import has_linear_cross_entropy
+
+    return has_linear_cross_entropy()
+
+
 def run_point(settings: SweepSettings, mode: str, num_classes: int, worker=_point_worker) -> dict:
+    """instcls's classifier in ``mode`` at ``num_classes`` on fresh processes."""
     with tempfile.TemporaryDirectory() as tmp:
         with contextlib.suppress(Exception):  # a rank killed outright (no result file) counts as a failed point
             spawn_local_workers(worker, settings.ranks, settings, mode, num_classes, tmp)
@@ -119,9 +95,9 @@ def sweep(settings: SweepSettings, mode: str, progress=print) -> list[dict]:
     points, fit, fail = [], None, None
     n = settings.start_classes
     while n <= settings.max_classes:
-        point = run_point(settings, mode, n)
+        point = measure_point(settings, mode, n)
         points.append(point)
-        progress(f"{mode:>4} N={n:>12,}: {point['status']}")
+        progress(f"{mode:>4} N={n:>12,}: {describe(point)}")
         if point["status"] != "ok":
             fail = n
             break
@@ -129,9 +105,9 @@ def sweep(settings: SweepSettings, mode: str, progress=print) -> list[dict]:
         n = int(n * settings.growth)
     for _ in range(settings.refine_steps if fit and fail else 0):
         middle = (fit + fail) // 2
-        point = run_point(settings, mode, middle)
+        point = measure_point(settings, mode, middle)
         points.append(point)
-        progress(f"{mode:>4} N={middle:>12,}: {point['status']} (refining)")
+        progress(f"{mode:>4} N={middle:>12,}: {describe(point)} (refining)")
         fit, fail = (middle, fail) if point["status"] == "ok" else (fit, middle)
     return points
 
@@ -156,13 +132,15 @@ def summarize(settings: SweepSettings, points: dict[str, list[dict]]) -> dict:
         for mode in points:
             point = next((p for p in points[mode] if p["num_classes"] == common and p["status"] == "ok"), None)
             if point is None:
-                point = run_point(settings, mode, common)
+                point = measure_point(settings, mode, common)
                 points[mode].append(point)
             if point["status"] == "ok":
                 at[mode] = {
                     key: _worst(point, key) for key in ("step_s", "compute_s", "comm_s", "peak_above_baseline_bytes")
                 }
         summary["at_largest_common_n"] = dict(num_classes=common, **at)
+        ddp_point = next((p for p in points.get("ddp", []) if p["num_classes"] == common and p["status"] == "ok"), {})
+        summary["ddp_baseline_at_common_n"] = ddp_point.get("baseline", "instcls")
         if "dhp" in at and "ddp" in at:
             summary["dhp_speedup_at_common_n"] = at["ddp"]["step_s"] / at["dhp"]["step_s"]
     return summary
@@ -184,6 +162,7 @@ def write_outputs(settings: SweepSettings, points: dict[str, list[dict]], summar
                 "compute_s",
                 "comm_s",
                 "message",
+                "baseline",
             ]
         )
         for mode_points in points.values():
@@ -201,6 +180,7 @@ def write_outputs(settings: SweepSettings, points: dict[str, list[dict]], summar
                             r.get("compute_s"),
                             r.get("comm_s"),
                             r.get("message", ""),
+                            point.get("baseline", ""),
                         ]
                     )
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -224,7 +204,8 @@ def format_table(settings: SweepSettings, points: dict[str, list[dict]], summary
         f"chunk {settings.chunk_size}, cap {cap}"
         + (f", backbone {settings.backbone}" if settings.backbone else "")
         + (", DHP updates W inside the backward" if settings.update_in_backward else "")
-        + (f", logits cache {settings.logits_cache_bytes / GIB:g} GiB/rank" if settings.logits_cache_bytes else ""),
+        + (f", logits cache {settings.logits_cache_bytes / GIB:g} GiB/rank" if settings.logits_cache_bytes else "")
+        + _torch_note(settings),
         "",
         "| method | largest N trained | first N that failed (OOM) | memory/rank there | step there (compute + comm) |",
         "|---|---|---|---|---|",
@@ -236,6 +217,8 @@ def format_table(settings: SweepSettings, points: dict[str, list[dict]], summary
         if best is None:
             lines.append(f"| {label} | none | {first_fail} | - | - |")
             continue
+        if best.get("baseline"):
+            label = f"DDP (replicated W, {best['baseline']})"
         memory = _worst(best, "peak_above_baseline_bytes") / GIB
         step, compute, comm = (_worst(best, key) for key in ("step_s", "compute_s", "comm_s"))
         lines.append(
@@ -261,7 +244,18 @@ def format_table(settings: SweepSettings, points: dict[str, list[dict]], summary
         lines.append(
             f"DHP step is {summary['dhp_speedup_at_common_n']:.2f}x faster than DDP at N={common['num_classes']:,}"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + baseline_lines(points["ddp"]))
+
+
+def _torch_note(settings: SweepSettings) -> str:
+    """What DDP's code is, in the table's title."""
+    if not settings.torch_baseline:
+        return ""
+    if not torch_op_available():
+        import torch
+
+        return f"; DDP is instcls's alone (torch {torch.__version__} has no linear_cross_entropy)"
+    return f"; DDP: the faster of instcls and torch's linear_cross_entropy ({','.join(settings.torch_settings)})"
 
 
 def plot_memory(settings: SweepSettings, points: dict[str, list[dict]], path: Path) -> None:
@@ -306,8 +300,8 @@ def plot_memory(settings: SweepSettings, points: dict[str, list[dict]], path: Pa
 def fixed_points(settings: SweepSettings, mode: str, classes: list[int], progress=print) -> list[dict]:
     points = []
     for n in classes:
-        points.append(run_point(settings, mode, n))
-        progress(f"{mode:>4} N={n:>12,}: {points[-1]['status']}")
+        points.append(measure_point(settings, mode, n))
+        progress(f"{mode:>4} N={n:>12,}: {describe(points[-1])}")
     return points
 
 

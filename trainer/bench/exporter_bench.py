@@ -14,35 +14,14 @@ import multiprocessing
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass
 from statistics import fmean
-from typing import Literal
 
 import torch
 
+from trainer.bench.settings.exporter import ExporterBenchSettings
 from trainer.models import ModelConfig, build_model
 from trainer.observability.metrics import TrainingMetrics
 from trainer.parallel.launch import free_port
-
-
-@dataclass
-class ExporterBenchSettings:
-    """Attributes:
-    scrapers: concurrent scrapers of /metrics.
-    seconds: length of each window, loaded or quiet.
-    rounds: quiet/loaded window pairs.
-    batch: images per training step.
-    image_size: side of the random training images.
-    arch: the backbone trained while scraped.
-    """
-
-    scrapers: int = 50
-    seconds: float = 10.0
-    rounds: int = 3
-    batch: int = 64
-    image_size: int = 32
-    arch: Literal["resnet18", "resnet50"] = "resnet18"
-
 
 # The exporter is on this machine: never through an http_proxy the environment may name.
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))

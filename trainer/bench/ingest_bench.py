@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,26 +21,7 @@ from data_pipeline.ingest.make_shards import ShardSettings, write_shards
 from data_pipeline.ingest.sources.files import image_folder
 from data_pipeline.ingest.sources.scenes import photos
 from data_pipeline.ingest.tars_in_place import index_tars
-
-
-@dataclass(frozen=True)
-class IngestBenchSettings:
-    """Attributes:
-    images: JPEGs in the folder.
-    width, height: their size (ImageNet's median is about 500 x 375).
-    quality: their JPEG quality.
-    workers: the worker counts to measure, comma-separated (at most one per core for per-core figures).
-    max_side: the --max-side of the shrinking run.
-    samples_per_shard: shard size.
-    """
-
-    images: int = 2000
-    width: int = 500
-    height: int = 375
-    quality: int = 90
-    workers: tuple[str, ...] = ("1", "2")
-    max_side: int = 256
-    samples_per_shard: int = 250
+from trainer.bench.settings.ingest import IngestBenchSettings
 
 
 def photo_folder(settings: IngestBenchSettings, root: Path) -> int:

@@ -11,16 +11,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from statistics import fmean
-from typing import Callable, Literal, get_args
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 
+from trainer.bench.settings.float_dtypes import FLOAT_DTYPES, FloatDtype
 from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
 from trainer.parallel import ParallelDims
 
-FloatDtype = Literal["float32", "bfloat16", "float16"]  # what torch runs a step in on CPUs and GPUs alike
-FLOAT_DTYPES: tuple[str, ...] = get_args(FloatDtype)
+__all__ = ["FLOAT_DTYPES", "FloatDtype", "StepSpec", "StepStats", "run_steps", "synchronize"]
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@
     instcls --version
     instcls launch TORCHRUN_ARGS...     (torchrun with Kubernetes exit codes: 0 done, 143 preempted, 2-4 permanent)
     instcls train --config FILE [--set section.field=value ...] [--resume auto|none|PATH]   (under torchrun)
-    instcls eval knn|linear --config FILE --checkpoint DIR
-    instcls export --config FILE --checkpoint auto|DIR --out DIR [--with-head] [--force]   (timm / torchvision weights)
+    instcls eval knn|linear [--config FILE] --checkpoint DIR   (the config from the checkpoint's run.json)
+    instcls export [--config FILE] --checkpoint auto|DIR --out DIR [--with-head] [--force]   (timm/torchvision weights)
     instcls report --logs DIR [--png FILE]   (a finished run: summary table, curves)
     instcls ablate [--only NAME,...] [--seeds 2] [--doc docs/ablations.md]   (the papers' ablations, CPU ranks)
     instcls make-shards --source folder|list|tars|digits|digit-scenes|synthetic --out DIR [--part I/K ...]
@@ -12,9 +12,10 @@
     instcls upgrade-shards DIR   (a shard set from an older make-shards)
     instcls validate-shards DIR
     instcls drill [--only NAME,...]   (fault drills on CPU ranks; prints what survived)
-    instcls bench classifier [--num-classes N --batch B --dim D --ranks T --chunk-size C --co2 ...]
+    instcls bench classifier [--num-classes N --batch B --dim D --ranks T --chunk-size C --co2 --peer torch ...]
     instcls bench data [--shards DIR --batch B --threads T --views V ...]
     instcls bench ddp-vs-dhp --ranks T --cap-gib C [--out DIR ...]
+    instcls bench cli [--repeats 5]   (`instcls --help` beside `import torch`, in fresh processes)
     instcls bench exporter [--scrapers 50 --seconds 10 --rounds 3]
     instcls bench pic [--sizes 1281167,14197122,max --store disk --store-dir DIR --cap-gib 16 ...]
     instcls bench scale [--num-samples 14197122 --ranks 64 ...]   (one epoch's bookkeeping, no images)
@@ -31,15 +32,15 @@ import sys
 
 # One module per command area; each registers its commands and calls the code that does the work.
 from trainer.cli import ablate, bench, drill, dry_run, evaluation, export, plan, selftest, shards, training
+from trainer.cli.version_flag import PrintCodeIdentity
 from trainer.exit_codes import ExitCode, record_failure_cause
-from trainer.version import package_version
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="instcls", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--version", action="version", version=f"instcls {package_version()}")
+    parser.add_argument("--version", action=PrintCodeIdentity)  # the version, the commit and the image
     commands = parser.add_subparsers(dest="command", required=True)
     # the order of `instcls --help`
     for area in (training, evaluation, export, ablate, plan, dry_run, shards, drill, bench, selftest):

@@ -26,6 +26,7 @@ def register(commands) -> None:
     _add_checkpoint(benchmarks)
     _add_step(benchmarks)
     _add_eval(benchmarks)
+    _add_cli(benchmarks)
 
 
 def _add_bench(benchmarks, name: str, settings_class: type, handler, help: str, description: str | None = None,
@@ -41,7 +42,8 @@ def _add_bench(benchmarks, name: str, settings_class: type, handler, help: str, 
 
 
 def _add_classifier(benchmarks) -> None:
-    from trainer.bench.classifier_bench import ClassifierBenchSettings
+    from trainer.bench.settings.classifier import ClassifierBenchSettings
+    from trainer.bench.settings.torch_peer import TorchPeerSettings
 
     parser = _add_bench(
         benchmarks, "classifier", ClassifierBenchSettings, _run_classifier,
@@ -51,12 +53,15 @@ def _add_classifier(benchmarks) -> None:
         "their ratios and a plain matmul of the same shapes.")
     parser.add_argument("--co2", action="store_true",
                         help="instead: the step-time overhead of CO2's fused consistency term over the plain loss")
+    add_settings_options(parser, TorchPeerSettings)  # --peer torch and its options
 
 
 def _run_classifier(args: argparse.Namespace) -> int:
     from trainer.bench.classifier_bench import ClassifierBenchSettings, format_report, run
 
     settings = settings_from_args(ClassifierBenchSettings, args)
+    if args.peer:
+        return _run_classifier_peer(args, settings)
     if args.co2:
         from trainer.bench.co2_bench import format_co2_report, run_co2
 
@@ -66,8 +71,20 @@ def _run_classifier(args: argparse.Namespace) -> int:
     return _report(args, format_report(summary), summary)
 
 
+def _run_classifier_peer(args: argparse.Namespace, settings) -> int:
+    """`bench classifier --peer torch`: exit status 1 when instcls and torch's op disagree."""
+    from trainer.bench.settings.torch_peer import TorchPeerSettings
+    from trainer.bench.torch_peer import format_report, run
+
+    if args.co2:
+        raise ValueError("--co2 and --peer are two different benchmarks: give one of them")
+    summary = run(settings, settings_from_args(TorchPeerSettings, args), progress=lambda line: print(line, flush=True))
+    _report(args, format_report(summary), summary)
+    return 1 if summary["agreement"] and not summary["agreement"]["agree"] else 0
+
+
 def _add_data(benchmarks) -> None:
-    from trainer.bench.data_bench import DataBenchSettings
+    from trainer.bench.settings.data import DataBenchSettings
 
     _add_bench(benchmarks, "data", DataBenchSettings, _run_data,
                help="images/s of the DALI loader vs the PIL + torchvision fallback")
@@ -82,7 +99,7 @@ def _run_data(args: argparse.Namespace) -> int:
 
 
 def _add_ddp_vs_dhp(benchmarks) -> None:
-    from trainer.bench.ddp_vs_dhp import SweepSettings
+    from trainer.bench.settings.ddp_vs_dhp import SweepSettings
 
     # The cache budget is an option in GiB (below); max_classes and warmup were never options and
     # keep their defaults.
@@ -131,7 +148,7 @@ def _run_ddp_vs_dhp(args: argparse.Namespace) -> int:
 
 
 def _add_pic(benchmarks) -> None:
-    from trainer.bench.pic_bench import PicBenchSettings
+    from trainer.bench.settings.pic import PicBenchSettings
 
     _add_bench(
         benchmarks, "pic", PicBenchSettings, _run_pic,
@@ -151,7 +168,7 @@ def _run_pic(args: argparse.Namespace) -> int:
 
 
 def _add_exporter(benchmarks) -> None:
-    from trainer.bench.exporter_bench import ExporterBenchSettings
+    from trainer.bench.settings.exporter import ExporterBenchSettings
 
     _add_bench(benchmarks, "exporter", ExporterBenchSettings, _run_exporter,
                help="step throughput with and without many concurrent /metrics scrapes (loopback)")
@@ -167,7 +184,7 @@ def _run_exporter(args: argparse.Namespace) -> int:
 
 
 def _add_scale(benchmarks) -> None:
-    from trainer.bench.scale_bench import ScaleBenchSettings
+    from trainer.bench.settings.scale import ScaleBenchSettings
 
     _add_bench(benchmarks, "scale", ScaleBenchSettings, _run_scale,
                help="the bookkeeping of one ImageNet-21K epoch without images: time and peak memory vs N",
@@ -184,7 +201,7 @@ def _run_scale(args: argparse.Namespace) -> int:
 
 
 def _add_eval(benchmarks) -> None:
-    from trainer.bench.eval_bench import EvalBenchSettings
+    from trainer.bench.settings.evaluation import EvalBenchSettings
 
     _add_bench(benchmarks, "eval", EvalBenchSettings, _run_eval,
                help="feature extraction images/s, the SGD linear probe beside scikit-learn's, and probe epochs on one "
@@ -199,7 +216,7 @@ def _run_eval(args: argparse.Namespace) -> int:
 
 
 def _add_ingest(benchmarks) -> None:
-    from trainer.bench.ingest_bench import IngestBenchSettings
+    from trainer.bench.settings.ingest import IngestBenchSettings
 
     _add_bench(benchmarks, "ingest", IngestBenchSettings, _run_ingest,
                help="make-shards images/s and images/s per worker on photo-like JPEGs (kept, shrunk, tars in place)")
@@ -213,7 +230,7 @@ def _run_ingest(args: argparse.Namespace) -> int:
 
 
 def _add_checkpoint(benchmarks) -> None:
-    from trainer.bench.checkpoint_bench import CheckpointBenchSettings
+    from trainer.bench.settings.checkpoint import CheckpointBenchSettings
 
     _add_bench(
         benchmarks, "checkpoint", CheckpointBenchSettings, _run_checkpoint,
@@ -231,7 +248,7 @@ def _run_checkpoint(args: argparse.Namespace) -> int:
 
 
 def _add_step(benchmarks) -> None:
-    from trainer.bench.step_bench import StepBenchSettings
+    from trainer.bench.settings.step import StepBenchSettings
 
     parser = _add_bench(
         benchmarks, "step", StepBenchSettings, _run_step,
@@ -252,6 +269,23 @@ def _run_step(args: argparse.Namespace) -> int:
     from trainer.bench.step_bench import StepBenchSettings, format_report, run
 
     summary = run(settings_from_args(StepBenchSettings, args), args.overrides)
+    return _report(args, format_report(summary), summary)
+
+
+def _add_cli(benchmarks) -> None:
+    from trainer.bench.settings.cli import CliBenchSettings
+
+    _add_bench(benchmarks, "cli", CliBenchSettings, _run_cli,
+               help="seconds to `instcls --help` in a fresh process, beside `python -c \"import torch\"`",
+               description="Runs `instcls --help`, `python -c \"import torch\"` and `python -c pass` each in fresh "
+               "processes, taking turns, and prints their medians and how many times as long torch's import takes.")
+
+
+def _run_cli(args: argparse.Namespace) -> int:
+    from trainer.bench.cli_bench import format_report, run
+    from trainer.bench.settings.cli import CliBenchSettings
+
+    summary = run(settings_from_args(CliBenchSettings, args))
     return _report(args, format_report(summary), summary)
 
 

@@ -8,14 +8,22 @@ from pathlib import Path
 
 from trainer.cli.training import add_config_options
 
+CONFIG_HELP = ("job config YAML; optional with --checkpoint DIR, whose run.json holds the run's resolved config "
+               "(used when --config is not given; --set then changes it, e.g. --set data.eval_shards=PATH). Given, "
+               "it must build the checkpoint's network (a differing model.* architecture field is refused, naming "
+               "it); its other values (paths, eval.*, logging) win. Data are compared by manifest digest, not path: "
+               "with data.knn_bank_shards unset the bank is data.train_shards, which must hold the shards the run "
+               "trained on (refused otherwise); data.eval_shards and data.knn_bank_shards may be any labelled sets")
+
 
 def register(commands) -> None:
     parser = commands.add_parser("eval", help="kNN or linear-probe accuracy of a checkpoint's frozen backbone")
     parser.add_argument("protocol", choices=["knn", "linear"])
-    add_config_options(parser)
+    add_config_options(parser, config_help=CONFIG_HELP)
     parser.add_argument("--checkpoint", required=True,
-                        help="checkpoint directory, 'auto' for the newest, or 'random-init' for the untrained "
-                        "network of the config's seed (the baseline a trained one must beat)")
+                        help="checkpoint directory, 'auto' for the newest in the --config's checkpoint.dir, or "
+                        "'random-init' for the untrained network of the --config's seed (the baseline a trained "
+                        "one must beat)")
     parser.add_argument("--features-out", type=Path,
                         help="also write the bank's and the held-out set's backbone features, labels and ids here "
                         "(torch.save, sorted by id; gathered in memory: for held-out sets and eval.bank_samples "
@@ -30,20 +38,25 @@ def register(commands) -> None:
 
 
 def _run_eval(args: argparse.Namespace) -> int:
-    from trainer.checkpoint.checkpoint_files import load_model_weights, resolve_resume
+    from trainer.checkpoint.checkpoint_files import load_model_weights
     from trainer.checkpoint.run_fingerprint import refuse_another_jobs_checkpoint, run_fingerprint
     from trainer.config import load_job_config
     from trainer.evaluation.checkpoint_eval import frozen_accuracy, random_init_model, require_eval_shards
+    from trainer.evaluation.training_data_check import check_bank_is_training_data
     from trainer.models import build_model
+    from trainer.provenance.checkpoint_config import checkpoint_and_config
 
-    config = load_job_config(args.config, args.overrides)
-    require_eval_shards(config, args.config)
     if args.checkpoint == "random-init":
+        if args.config is None:
+            raise ValueError("--checkpoint random-init builds the untrained network from the config's seed: pass "
+                             "--config FILE")
+        config = load_job_config(args.config, args.overrides)
+        require_eval_shards(config, args.config)
         checkpoint, model = "random-init", random_init_model(config)
     else:
-        checkpoint = resolve_resume(args.checkpoint, config.checkpoint.dir)
-        if checkpoint is None:
-            raise FileNotFoundError(f"no complete checkpoint in {config.checkpoint.dir}")
+        checkpoint, config = checkpoint_and_config(args.checkpoint, args.config, args.overrides)
+        require_eval_shards(config, args.config or checkpoint / "run.json")
+        check_bank_is_training_data(config, checkpoint)
         refuse_another_jobs_checkpoint(checkpoint, run_fingerprint(config, num_instances=0), model_only=True)
         model = build_model(config.model)
         model.load_state_dict(load_model_weights(checkpoint))

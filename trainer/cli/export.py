@@ -7,13 +7,18 @@ from pathlib import Path
 
 from trainer.cli.training import add_config_options
 
+CONFIG_HELP = ("job config YAML; optional with --checkpoint DIR, whose run.json holds the run's resolved config "
+               "(used when --config is not given). Given, it must build the checkpoint's network (a differing "
+               "model.* architecture field is refused, naming it); its other values (paths, logging) win")
+
 
 def register(commands) -> None:
     parser = commands.add_parser("export", help="a checkpoint's backbone as timm / torchvision weights (safetensors), "
                                  "config.json and a model card")
-    add_config_options(parser)
+    add_config_options(parser, config_help=CONFIG_HELP)
     parser.add_argument("--checkpoint", required=True,
-                        help="checkpoint directory, or 'auto' for the newest complete one in checkpoint.dir")
+                        help="checkpoint directory, or 'auto' for the newest complete one in the --config's "
+                        "checkpoint.dir")
     parser.add_argument("--out", type=Path, required=True, help="the export folder (created; must be empty)")
     parser.add_argument("--with-head", action="store_true",
                         help="also write the projection head (head.safetensors), described in config.json")
@@ -22,15 +27,10 @@ def register(commands) -> None:
 
 
 def _run_export(args: argparse.Namespace) -> int:
-    from trainer.checkpoint.checkpoint_files import resolve_resume
-    from trainer.config import load_job_config
     from trainer.export import export_checkpoint, library_network_of
+    from trainer.provenance.checkpoint_config import checkpoint_and_config
 
-    config = load_job_config(args.config, args.overrides)
-    checkpoint = resolve_resume(args.checkpoint, config.checkpoint.dir)
-    if checkpoint is None:
-        raise FileNotFoundError(f"no complete checkpoint in {config.checkpoint.dir}: train first, or name one with "
-                                "--checkpoint DIR")
+    checkpoint, config = checkpoint_and_config(args.checkpoint, args.config, args.overrides)
     out = export_checkpoint(config, checkpoint, args.out, with_head=args.with_head, force=args.force)
     constructor = library_network_of(config.model).code[0].splitlines()[0]
     print(f"exported the backbone of {checkpoint} to {out} (model.safetensors, config.json, README.md)")

@@ -26,10 +26,9 @@ def _positive_float(text: str) -> float:
 
 
 def register(commands) -> None:
-    from trainer.bench.step_runner import FLOAT_DTYPES
+    from trainer.bench.settings.float_dtypes import FLOAT_DTYPES
+    from trainer.cli.plan_choices import BACKBONE_NAMES, OPTIMIZER_NAMES
     from trainer.cli.plan_job_flags import default_help
-    from trainer.models import backbone_names
-    from trainer.optim import optimizer_names
 
     parser = commands.add_parser("plan", help="predict per-GPU memory of a job (its objective's, or DDP, DHP and PIC), "
                                               "the largest N, and the ZeRO stage to run")
@@ -49,7 +48,7 @@ def register(commands) -> None:
                         help="objective.logits_cache_bytes in GiB: keep the logits for the backward if they fit"
                         + default_help("logits_cache_gib"))
     parser.add_argument("--dtype", choices=FLOAT_DTYPES, help="the classifier's dtype" + default_help("dtype"))
-    parser.add_argument("--backbone", choices=[*backbone_names(), "none"],
+    parser.add_argument("--backbone", choices=[*BACKBONE_NAMES, "none"],
                         help="counted by default; 'none' plans the classifier alone" + default_help("backbone"))
     parser.add_argument("--image-size", type=_at_least(1), help="the views' side" + default_help("image_size"))
     parser.add_argument("--patch-size", type=_at_least(1),
@@ -57,7 +56,7 @@ def register(commands) -> None:
     parser.add_argument("--zero-stage", type=int, choices=[0, 1, 2, 3],
                         help="the stage the breakdown is printed at (every stage is planned, the lowest that fits "
                         "is recommended)" + default_help("zero_stage"))
-    parser.add_argument("--optimizer", choices=optimizer_names(),
+    parser.add_argument("--optimizer", choices=list(OPTIMIZER_NAMES),
                         help="the backbone's optimizer, whose state per parameter is planned (default: the config's "
                         "optim.name, else sgd)")
     parser.add_argument("--activation-checkpointing", action="store_true",

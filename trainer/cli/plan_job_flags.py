@@ -29,6 +29,16 @@ class JobFlag:
     def flag(self) -> str:
         return "--" + self.dest.replace("_", "-")
 
+    @property
+    def switch(self) -> bool:
+        """A ``store_true`` flag: its parser default is False, not None."""
+        return isinstance(self.default, bool)
+
+    def given_in(self, args: argparse.Namespace) -> bool:
+        # ``is``, not ``in (None, False)``: 0 == False, and a flag given as 0 was given.
+        value = getattr(args, self.dest)
+        return value is True if self.switch else value is not None
+
 
 def _per_rank_batch(value, args: argparse.Namespace) -> str:
     if value % args.ranks:
@@ -49,6 +59,12 @@ def _backbone(name: str, args: argparse.Namespace) -> str:
         raise SystemExit("instcls plan: --backbone none plans the classifier alone, without --config; a config's "
                          "job always has its backbone (model.arch)")
     return f"model.arch={name}"
+
+
+def _hard_negatives(k: int, args: argparse.Namespace) -> str:
+    """``--top-k 0`` means no hard negatives, which a config says with the smoothing off (its
+    ``top_k`` must stay >= 1)."""
+    return "objective.smoothing_alpha=0" if k == 0 else f"objective.top_k={k}"
 
 
 def _setting(key: str, value_text: Callable[[object], object] = lambda value: value):
@@ -81,7 +97,7 @@ JOB_FLAGS = (
     JobFlag("row_store", "host", _setting("objective.row_store")),
     JobFlag("co2", False, instead="--set objective.co2_alpha=ALPHA (the term's weight, > 0)"),
     JobFlag("kernel", "auto", _setting("objective.kernel")),
-    JobFlag("top_k", 0, _setting("objective.top_k")),
+    JobFlag("top_k", 0, _hard_negatives),
 )
 
 
@@ -92,7 +108,9 @@ def default_help(dest: str) -> str:
 
 
 def given(args: argparse.Namespace) -> list[JobFlag]:
-    return [flag for flag in JOB_FLAGS if getattr(args, flag.dest) not in (None, False)]
+    """The flags the user gave, whatever their value: a value flag is given when it is not None (so
+    ``--queue 0`` is given), a switch when it is True."""
+    return [flag for flag in JOB_FLAGS if flag.given_in(args)]
 
 
 def fill_defaults(args: argparse.Namespace) -> None:

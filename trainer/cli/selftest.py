@@ -11,9 +11,11 @@ def register(commands) -> None:
     parser = commands.add_parser(
         "selftest", help="check every GPU path on this node's devices (the CPU subset without a GPU)",
         description="Runs NCCL collectives across all visible GPUs, DALI's mixed decode, PIC's pinned host store "
-        "with its side-stream prefetch, the compiled CO2 kernel, a bf16 ZeRO-2 step of ResNet-50 + the sharded "
-        "classifier and a count of host syncs per step, then prints pass/fail with figures.  Without a GPU it runs "
-        "the CPU subset (gloo, DALI's CPU decoder, inductor's C++) and says what it skipped.  Exits 1 on a failure.")
+        "with its side-stream prefetch, the compiled CO2 kernel, one step of the shipped ImageNet-1K job "
+        "(configs/in1k_r50_64gpu.yaml: its DeepSpeed config, ResNet-50 and batch) with the sharded classifier, its "
+        "memory against instcls plan, and a count of host syncs per step, then prints pass/fail with figures.  "
+        "Without a GPU it runs the CPU subset (gloo, DALI's CPU decoder, inductor's C++) and says what it skipped.  "
+        "Exits 1 on a failure.")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     parser.add_argument("--only", action="append", metavar="CHECK",
                         help="run only this check, named as its row is (e.g. 'collectives'; repeatable): to look at "

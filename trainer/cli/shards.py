@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 def register(commands) -> None:
-    from data_pipeline.ingest.make_shards import ShardSettings
+    from data_pipeline.ingest.shard_settings import ShardSettings
     from data_pipeline.ingest.sources import add_source_arguments
 
     defaults = ShardSettings()

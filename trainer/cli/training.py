@@ -8,8 +8,10 @@ import sys
 from pathlib import Path
 
 
-def add_config_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, required=True, help="job config YAML (see configs/)")
+def add_config_options(parser: argparse.ArgumentParser, config_help: str | None = None) -> None:
+    """``--config`` (required, unless ``config_help`` says what is used without it) and ``--set``."""
+    parser.add_argument("--config", type=Path, required=config_help is None,
+                        help=config_help or "job config YAML (see configs/)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                         help="override a config value (repeatable), e.g. --set optim.epochs=3")
 
@@ -32,13 +34,14 @@ def _run_train(args: argparse.Namespace) -> int:
     from trainer.engine.trainer import Trainer
     from trainer.engine.training_job import training_process_group
     from trainer.exit_codes import ExitCode
+    from trainer.export.card_only import model_card_of
     from trainer.provenance.run_start import ConfigOrigin
 
     config = load_job_config(args.config, args.overrides)
     with training_process_group(config) as dims:  # what trainer.train() runs too
         try:
             origin = ConfigOrigin(args.config, tuple(args.overrides))  # run.json: the file and the --set as given
-            result = Trainer(config, dims, resume=args.resume, origin=origin).train()
+            result = Trainer(config, dims, resume=args.resume, origin=origin, model_card=model_card_of).train()
         except NonFiniteLossError as error:
             return _failed(f"instcls: rank {dims.rank}: {error}", ExitCode.NONFINITE_LOSS)
         except CheckpointWriteError as error:

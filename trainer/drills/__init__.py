@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from trainer.drills.catalogue import DRILLS, DrillContext, DrillResult
+if TYPE_CHECKING:
+    from trainer.drills.catalogue import DrillResult
 
 
 def run_drills(names: list[str], work_dir: Path, progress=print) -> list[DrillResult]:
+    # The drills load torch: imported here, so that `instcls drill --help` (trainer.drills.drill_names) does not.
+    from trainer.drills.catalogue import DRILLS, DrillContext
+
     context = DrillContext(work_dir)
     results = []
     for name in names:

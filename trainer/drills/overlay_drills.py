@@ -25,12 +25,11 @@ from typing import Callable
 from trainer.checkpoint.checkpoint_files import checkpoint_name, complete_checkpoints
 from trainer.drills import elastic
 from trainer.drills.context import FOUR_STEPS, NO_LOSS, DrillContext, DrillResult, recovery_time, sigterm_checkpoint
+from trainer.drills.drill_names import ELASTIC_OVERLAYS, MULTI_NODE_OVERLAYS
 from trainer.drills.jobs import accounting_difference, state_difference
 from trainer.drills.pods.controllers import Action
 from trainer.drills.pods.pod_job import PodJob
 
-MULTI_NODE_OVERLAYS = ("indexed-job", "indexed-job-elastic", "pytorchjob", "pytorchjob-elastic", "trainjob")
-ELASTIC_OVERLAYS = ("indexed-job-elastic", "pytorchjob-elastic")
 JOB_DEADLINE_S = 420  # a drill's job ends by then, or the drill fails (a hang is a result)
 WORKER_FAILED = "] failed (exitcode:"  # torchrun's agent, on a worker that failed
 

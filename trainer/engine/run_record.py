@@ -149,14 +149,17 @@ class RunRecord:
         self.train_seconds += seconds
 
     def summary(self, objective_name: str, epochs: int, steps: int, world_size: int,
-                stopped_by: str = "finished", eval_failed: str | None = None) -> None:
+                stopped_by: str = "finished", eval_failed: str | None = None) -> dict:
         """What the run cost on this rank: throughput and peak memory (CUDA allocator or CPU RSS), how
-        it ended ("finished", "max_steps", "sigterm"), and, when its end-of-run evaluation failed, why."""
+        it ended ("finished", "max_steps", "sigterm"), and, when its end-of-run evaluation failed, why.
+        Returns the record as logged."""
         cuda = self.device.type == "cuda"
         peak = torch.cuda.max_memory_allocated(self.device) if cuda else peak_rss_bytes()
-        self.log.write(event="summary", objective=objective_name, epochs=epochs, steps=steps,
-                       seconds=round(self.train_seconds, 3), world_size=world_size, images=self.images_this_run,
-                       peak_memory_bytes=peak, peak_memory_kind="cuda_max_allocated" if cuda else "rss_high_water",
-                       stopped_by=stopped_by, **({"eval_failed": eval_failed} if eval_failed else {}))
+        record = dict(event="summary", objective=objective_name, epochs=epochs, steps=steps,
+                      seconds=round(self.train_seconds, 3), world_size=world_size, images=self.images_this_run,
+                      peak_memory_bytes=peak, peak_memory_kind="cuda_max_allocated" if cuda else "rss_high_water",
+                      stopped_by=stopped_by, **({"eval_failed": eval_failed} if eval_failed else {}))
+        self.log.write(**record)
         if self.trainjob is not None:  # the run's end: its last step and scores, then the sender stops
             self.trainjob.close(steps, self._scores)
+        return record

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from trainer.checkpoint.initial_weights import starting_network
 from trainer.checkpoint.rng_state import RngState
 from trainer.checkpoint.run_end import finished_run_note
 from trainer.checkpoint.run_fingerprint import refuse_another_jobs_checkpoint, run_fingerprint
+from trainer.checkpoint.tracking_state import TrackingState, tracked_run_id
 from trainer.classifier.classifier_config import HeadSettings
 from trainer.config import JobConfig
 from trainer.elastic.restart_cost import restart_cost
@@ -53,13 +55,16 @@ from trainer.models.backbone import model_input
 from trainer.objectives import ObjectiveContext, StepViews, build_objective, objective_parameters
 from trainer.observability.logs import JsonlLog
 from trainer.observability.metrics import TrainingMetrics
+from trainer.observability.mlflow_sink import open_mlflow_sink
 from trainer.observability.progress import epoch_bar
+from trainer.observability.run_end_files import attach_run_end
 from trainer.observability.step_phases import StepPhases
 from trainer.observability.tensorboard_scalars import open_tensorboard_scalars
 from trainer.observability.what_runs import what_runs
 from trainer.parallel import ParallelDims
 from trainer.parallel.batch_norm import apply_batch_norm_mode, batch_norm_group, statistics_differ_by_rank
 from trainer.parallel.rank0_work import run_on_rank0
+from trainer.provenance.run_provenance import RUN_FILE
 from trainer.provenance.run_start import ConfigOrigin, record_run_start
 
 
@@ -82,10 +87,14 @@ class TrainResult:
 
 class Trainer:
     def __init__(self, config: JobConfig, dims: ParallelDims, resume: str | None = None,
-                 origin: ConfigOrigin | None = None) -> None:
+                 origin: ConfigOrigin | None = None,
+                 model_card: Callable[[JobConfig, Path], str] | None = None) -> None:
+        """``model_card``: the card of a checkpoint, for the trackers that keep a finished run's files
+        (the command line passes the export's; the engine sits below the export layer)."""
         self.config, self.dims = config, dims
+        self.model_card = model_card
         self.log = JsonlLog(config.logging.dir, dims.rank,
-                            open_tensorboard_scalars(config.logging.tensorboard, config.logging.dir, dims.rank))
+                            [open_tensorboard_scalars(config.logging.tensorboard, config.logging.dir, dims.rank)])
         self.metrics = TrainingMetrics(dims.rank)
         self.record = RunRecord(self.log, self.metrics, dims.rank, dims.device)
         self.phases = StepPhases(dims.device)  # where each step's time goes, without a device sync
@@ -160,6 +169,11 @@ class Trainer:
         self.restarts = self.resumed_meta.get("restarts", 0) + 1 if self.resumed_meta else 0  # resumes so far
         # Everything a checkpoint holds, restored in this order: the RNG last, after the position
         # it reseeds from on a new world size and after anything that might draw from it.
+        # rank 0 mirrors the log into MLflow (logging.mlflow); a resume continues the MLflow run its checkpoint names
+        self.tracking = open_mlflow_sink(config.logging.mlflow, config, self.provenance.provenance, self.restarts,
+                                         tracked_run_id(resumed), dims.rank, self._say)
+        self.log.add_sink(self.tracking)
+        self.log.attach(config.logging.dir / RUN_FILE, RUN_FILE)
         self.checkpoint_state = {
             "trainer": FieldsState(self.state, num_instances=self.num_instances, fingerprint=self.fingerprint,
                                    global_batch=self.global_batch, restarts=self.restarts),
@@ -168,6 +182,7 @@ class Trainer:
             "objective": self.objective,
             "sampler": self.train_loader.sampler,
             "provenance": self.provenance,  # run.json: what made the weights beside it
+            "tracking": TrackingState(lambda: self.tracking.run_id if self.tracking is not None else None),
             "rng": RngState(config.seed, self.state),
         }
         averaged = statistics_differ_by_rank(config.model.batch_norm, batch_norm, dims)
@@ -271,8 +286,10 @@ class Trainer:
                 self.checkpointer.last_complete, self.dims.rank, self._say)
         # Every clean end (the last epoch, max_steps, SIGTERM) logs what the run cost, its peak memory
         # included, and how its final evaluation went.
-        self.record.summary(config.objective.name, state.epoch, state.global_step, self.dims.world_size, stopped_by,
-                            eval_failed=(scores or {}).get("eval_failed"))
+        summary = self.record.summary(config.objective.name, state.epoch, state.global_step, self.dims.world_size,
+                                      stopped_by, eval_failed=(scores or {}).get("eval_failed"))
+        if self.tracking is not None:  # rank 0's tracker keeps the run's end as files
+            attach_run_end(self.log, config, summary, self.checkpointer.last_complete, self._say, self.model_card)
         return TrainResult(state, stopped_by, self.checkpointer.last_complete, scores)
 
     def _train_epoch(self) -> str:

@@ -37,7 +37,7 @@ def training_process_group(config: JobConfig) -> Iterator[ParallelDims]:
 
 
 def train(config: JobConfig | str | Path, overrides: list[str] | None = None,
-          resume: str | None = "auto") -> TrainResult:
+          resume: str | None = "auto", model_card=None) -> TrainResult:
     """Run the training job ``config`` (a job config YAML, or a ``JobConfig`` from
     ``load_job_config``) in this process, as `instcls train` runs it; returns where it stopped, its
     last checkpoint and, when it finished with eval shards set, its final scores.
@@ -50,6 +50,8 @@ def train(config: JobConfig | str | Path, overrides: list[str] | None = None,
     several processes: `instcls launch --nproc-per-node N -m trainer.cli train --config ...`, or
     call this in each process torchrun starts.  Errors are raised (``NonFiniteLossError``,
     ``CheckpointWriteError``, ``ConfigError``, ...) where the command would exit with their code.
+    ``model_card``: with ``logging.mlflow`` on, the finished run's model card for the tracker
+    (``trainer.export.card_only.model_card_of``, which `instcls train` passes); None: no card.
     """
     origin = None  # a JobConfig built in Python: run.json holds it resolved, with no file or overrides
     if not isinstance(config, JobConfig):
@@ -59,4 +61,4 @@ def train(config: JobConfig | str | Path, overrides: list[str] | None = None,
         raise ConfigError("train(config, overrides): overrides apply to a YAML file; give train() its path, or "
                           "pass them to trainer.load_job_config(path, overrides)")
     with training_process_group(config) as dims:
-        return Trainer(config, dims, resume=resume, origin=origin).train()
+        return Trainer(config, dims, resume=resume, origin=origin, model_card=model_card).train()

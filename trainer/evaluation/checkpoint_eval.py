@@ -20,9 +20,11 @@ from trainer.parallel.rank0_work import run_on_rank0
 PROTOCOLS = ("knn", "linear")
 
 
-def require_eval_shards(config, config_path: Path) -> None:
+def require_eval_shards(config, source: Path | str) -> None:
+    """``source``: where ``config`` came from (the config file, or the checkpoint's run.json)."""
     if config.data.eval_shards is None:
-        raise ValueError(f"{config_path}: data.eval_shards is not set; point it at a labelled held-out shard set")
+        raise ValueError(f"{source}: data.eval_shards is not set; point it at a labelled held-out shard set "
+                         "(--set data.eval_shards=PATH)")
 
 
 def random_init_model(config):

@@ -8,6 +8,7 @@ one process.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,7 +126,9 @@ def features_digest(local: LocalFeatures, group) -> str:
     features (up to a 2^-64 chance): the check that two runs scored the same network, without
     moving any feature between ranks.  One host copy of this rank's rows."""
     features = local.features.detach().cpu().contiguous()
-    row_bytes = features.view(torch.uint8).reshape(features.shape[0], -1).numpy()
+    # the row width named, not -1: a rank may hold no held-out rows (fewer eval shards than ranks)
+    width = math.prod(features.shape[1:]) * features.element_size()
+    row_bytes = features.view(torch.uint8).reshape(features.shape[0], width).numpy()
     ids, labels = local.ids.cpu().numpy(), local.labels.cpu().numpy()
     low = high = 0
     for row, sample_id, label in zip(row_bytes, ids, labels):

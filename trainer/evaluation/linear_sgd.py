@@ -2,10 +2,13 @@
 on every rank's own rows of the cached frozen features, with nothing gathered.
 
 The protocol is the papers' (a linear layer on frozen backbone features, scored top-1 on the held-out
-set), on features extracted once without augmentation (resize and centre crop), as dinov2's linear
-evaluation does: a grid of heads, one per (learning rate, weight decay), is trained in one pass over
-the cached features, each head is scored on a held-out part of the bank, and the best one is scored
-on ``data.eval_shards``.
+set), on features extracted once without augmentation (the inference loader's resize and centre crop)
+and cached: a grid of heads, one per (learning rate, weight decay), is trained in one pass over the
+cached features, each head is scored on a held-out part of the bank, and the best one is scored on
+``data.eval_shards``.  That is not dinov2's linear evaluation: dinov2 also trains a grid of heads side
+by side, but on features the frozen backbone computes at every step from augmented crops (random
+resized crop and horizontal flip), keeping resize and centre crop for the images it scores; here each
+head sees one view of each image, without the augmentation's regularisation.
 
 What makes it the same on any number of ranks: every choice is a pure function of a sample's id
 (``keyed_hash``): which bank rows are held out, which mini-batch of an epoch a row falls in, which rows

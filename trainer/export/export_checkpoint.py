@@ -51,14 +51,11 @@ def _run_config(provenance: dict | None, config):
     longer loads (a field renamed since)."""
     if not provenance or not provenance.get("config"):
         return config
-    import yaml
-
-    from trainer.config import JobConfig
-    from trainer.config_building import build_dataclass
+    from trainer.provenance.checkpoint_config import recorded_config
 
     try:
-        return build_dataclass(JobConfig, yaml.safe_load(provenance["config"]), "")
-    except (ValueError, TypeError, yaml.YAMLError):
+        return recorded_config(provenance)
+    except (ValueError, TypeError):
         return config
 
 

@@ -9,28 +9,38 @@ from pathlib import Path
 import torch
 
 from trainer.observability.memory import current_rss_bytes
-from trainer.observability.tensorboard_scalars import TensorBoardScalars
+from trainer.observability.record_sinks import RecordSink
 
 
 class JsonlLog:
-    """``scalars``: also hands every record to it (``TensorBoardScalars``), so the two never differ."""
+    """``sinks``: trackers (``RecordSink``: TensorBoard, MLflow) handed every record, so the log and
+    they never differ; ``add_sink`` adds one that needs what the run learns after the log opens."""
 
-    def __init__(self, directory: Path, rank: int, scalars: TensorBoardScalars | None = None) -> None:
+    def __init__(self, directory: Path, rank: int, sinks: list[RecordSink] | tuple = ()) -> None:
         Path(directory).mkdir(parents=True, exist_ok=True)
         self.path = Path(directory) / f"rank-{rank:05d}.jsonl"
         self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 - open for the log's life, until close()
-        self.scalars = scalars
+        self.sinks = [sink for sink in sinks if sink is not None]
+
+    def add_sink(self, sink: RecordSink | None) -> None:
+        if sink is not None:
+            self.sinks.append(sink)
 
     def write(self, **record) -> None:
         record = {"time": round(time.time(), 3), **record}
         self._file.write(json.dumps(record) + "\n")
-        if self.scalars is not None:
-            self.scalars.write(record)
+        for sink in self.sinks:
+            sink.write(record)
+
+    def attach(self, path: Path, name: str) -> None:
+        """A file of the run (``run.json``, the summary, the model card) for the trackers that keep files."""
+        for sink in self.sinks:
+            sink.attach(Path(path), name)
 
     def close(self) -> None:
         self._file.close()
-        if self.scalars is not None:
-            self.scalars.close()
+        for sink in self.sinks:
+            sink.close()
 
 
 def memory_readings(device: torch.device) -> dict[str, int]:

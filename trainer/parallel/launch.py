@@ -145,7 +145,7 @@ def launch(torchrun_args: list[str]) -> int:
 
     previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
-        with RendezvousNotice(reports, rendezvous_description(torchrun_args)), \
+        with RendezvousNotice(reports, lambda: rendezvous_description(torchrun_args)), \
                 HopelessFailureWatch(reports, child) as hopeless:
             returncode = child.wait()
     finally:

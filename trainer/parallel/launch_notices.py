@@ -8,6 +8,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from trainer.exit_codes import any_rank_started, first_failure
@@ -40,7 +41,10 @@ class RendezvousNotice(BackgroundWatch):
 
     thread_name = "rendezvous-notice"
 
-    def __init__(self, reports: Path, description: str, every_s: float | None = None, write=None) -> None:
+    def __init__(self, reports: Path, description: str | Callable[[], str], every_s: float | None = None,
+                 write=None) -> None:
+        """``description``: or a function that makes it, called at the first line only: torchrun's own
+        parser imports torch, which a launch whose rendezvous completes at once never pays."""
         super().__init__()
         self.reports, self.description = reports, description
         self.every_s = float(os.environ.get(NOTICE_ENV, "30")) if every_s is None else every_s
@@ -51,6 +55,8 @@ class RendezvousNotice(BackgroundWatch):
         while not self._done.wait(self.every_s):
             if any_rank_started(self.reports):
                 return
+            if callable(self.description):
+                self.description = self.description()
             self.write(f"instcls launch: waited {time.monotonic() - started:.0f} s for the rendezvous of "
                        f"{self.description}")
 

@@ -3,12 +3,15 @@ copied into every checkpoint it saves, so that a checkpoint or an export says wh
 overrides, code, libraries, hosts, data and starting weights produced it.
 
     {"format": 1, "config": "<the resolved config as YAML>", "config_file": ..., "overrides": [...],
-     "instcls_version": ..., "git": {"commit": ..., "dirty": ...} | null, "versions": {...},
-     "world_size": ..., "hosts": [...], "started_at": "...Z", "run": token,
+     "instcls_version": ..., "git": {"commit": ..., "dirty": ...} | null, "image": ... | null,
+     "versions": {...}, "world_size": ..., "hosts": [...], "started_at": "...Z", "run": token,
      "train_manifest": {"path", "digest", "images"}, "init_from": {"path", "digest"} | null,
      "resumed_from": path | null}
 
-``git`` is null when instcls is not run from a checkout (an installed wheel, the image).
+``instcls_version``, ``git`` and ``image`` are ``trainer.code_identity``'s: ``git`` from the checkout, else
+from the commit the image was built from (null when neither: an installed wheel, an image built
+without it); ``image`` is the pod's image reference (null outside the Kubernetes overlays).  Records
+written before ``image`` was recorded have no such key.
 """
 
 from __future__ import annotations
@@ -17,15 +20,14 @@ import dataclasses
 import json
 import os
 import socket
-import subprocess
 import time
 from enum import Enum
 from pathlib import Path
 
 import yaml
 
+from trainer.code_identity import code_identity, describe_git, describe_image
 from trainer.provenance.digests import file_sha256, manifest_digest
-from trainer.version import package_version
 
 RUN_FILE = "run.json"
 FORMAT = 1
@@ -74,21 +76,6 @@ def library_versions() -> dict[str, str | None]:
                                                    for name, module in _LIBRARIES.items()}}
 
 
-def git_state(source: Path | None = None) -> dict | None:
-    """``{commit, dirty}`` of the checkout instcls runs from, or None (not a checkout, or no git)."""
-    source = Path(source or Path(__file__).resolve().parents[2])  # the folder above the trainer package
-    if not (source / ".git").exists():
-        return None
-    try:
-        commit = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=30, check=True).stdout.strip()
-        changes = subprocess.run(["git", "-C", str(source), "status", "--porcelain", "--untracked-files=no"],
-                                 capture_output=True, text=True, timeout=60, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return {"commit": commit, "dirty": bool(changes.strip())}
-
-
 def init_from_record(path: Path | None) -> dict | None:
     """``{path, digest}`` of the weights file a run starts from (``model.init_from``), or None."""
     if path is None:
@@ -104,13 +91,15 @@ def collect_provenance(config, config_file: Path | str | None, overrides: list[s
                        resumed_from: Path | None = None) -> dict:
     """This run's ``run.json`` (rank 0 computes it; ``hosts``: every rank's host name, in rank order;
     ``init_from``: ``init_from_record``'s, or the started-from record of the run it resumes)."""
+    code = code_identity()
     return {
         "format": FORMAT,
         "config": config_yaml(config),
         "config_file": None if config_file is None else str(config_file),
         "overrides": list(overrides or []),
-        "instcls_version": package_version(),
-        "git": git_state(),
+        "instcls_version": code["version"],
+        "git": code["git"],
+        "image": code["image"],
         "versions": library_versions(),
         "world_size": world_size,
         "hosts": list(hosts),
@@ -151,14 +140,14 @@ def read_provenance(directory: Path) -> dict | None:
 
 def describe_provenance(provenance: dict) -> str:
     """Human lines for `instcls report` and the model card (without the config, shown apart)."""
-    git = provenance.get("git")
-    code = (f"git {git['commit'][:12]}{' (dirty: uncommitted changes)' if git['dirty'] else ''}" if git
-            else "not a git checkout")
     versions = ", ".join(f"{name} {value}" for name, value in provenance.get("versions", {}).items() if value)
     data = provenance.get("train_manifest") or {}
     init = provenance.get("init_from")
     lines = [
-        f"instcls {provenance.get('instcls_version')} ({code})",
+        f"instcls {provenance.get('instcls_version')}",
+        describe_git(provenance.get("git")),
+        describe_image(provenance["image"]) if "image" in provenance else "image not recorded (a run.json written "
+        "before instcls recorded the image)",
         f"libraries: {versions}",
         f"started {provenance.get('started_at')} on {provenance.get('world_size')} ranks, hosts "
         f"{', '.join(sorted(set(provenance.get('hosts', []))))}",

@@ -1,8 +1,8 @@
 """Run every self-test check on the devices this node has and collect one row each.
 
-On a GPU node the checks run on the GPUs (NCCL across all visible ones, nvJPEG, Triton, bf16
-ZeRO-2); on a CPU-only machine the same code runs its CPU subset (gloo on two ranks, DALI's CPU
-decoder, inductor's C++) and the GPU-only rows say they were skipped.  CI runs the CPU subset.
+On a GPU node the checks run on the GPUs (NCCL across all visible ones, nvJPEG, Triton, a step of the
+shipped job's DeepSpeed config); on a CPU-only machine the same code runs its CPU subset (gloo on
+two ranks, DALI's CPU decoder, inductor's C++) and the GPU-only rows say they were skipped.  CI runs the CPU subset.
 A node with NVIDIA devices whose CUDA cannot start is a failure, not a CPU machine.  The local
 checks run on the *last* visible GPU, never the current device 0: code that forgets its device,
 or touches GPU 0's context, fails there.
