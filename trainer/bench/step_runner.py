@@ -20,7 +20,9 @@ from trainer.bench.settings.float_dtypes import FLOAT_DTYPES, FloatDtype
 from trainer.classifier import ClassifierConfig, ShardedCosineClassifier
 from trainer.parallel import ParallelDims
 
-__all__ = ["FLOAT_DTYPES", "FloatDtype", "StepSpec", "StepStats", "run_steps", "synchronize"]
+__all__ = ["FLOAT_DTYPES", "ROW_SGD", "FloatDtype", "StepSpec", "StepStats", "run_steps", "synchronize"]
+
+ROW_SGD = dict(lr=0.1, momentum=0.9, weight_decay=1e-4)  # the classifier rows' SGD in every measured step
 
 
 @dataclass(frozen=True)
@@ -65,9 +67,9 @@ def run_steps(spec: StepSpec, dims: ParallelDims, after_step: Callable[[], None]
         dims,
     )
     if spec.update_in_backward:
-        optimizer = classifier.use_in_backward_sgd(lr=0.1, momentum=0.9, weight_decay=1e-4)
+        optimizer = classifier.use_in_backward_sgd(**ROW_SGD)
     else:  # fused: no W-sized temporaries in the update
-        optimizer = torch.optim.SGD([classifier.weight], lr=0.1, momentum=0.9, weight_decay=1e-4, fused=True)
+        optimizer = torch.optim.SGD([classifier.weight], **ROW_SGD, fused=True)
     generator = torch.Generator(device=device).manual_seed(dims.rank)
     ids = torch.randint(0, spec.num_classes, (local_batch,), device=device, generator=generator)
     backbone = backbone_optimizer = None

@@ -16,13 +16,11 @@ from statistics import fmean
 import torch
 import torch.distributed as dist
 
-from trainer.bench.step_runner import StepStats, synchronize
+from trainer.bench.step_runner import ROW_SGD, StepStats, synchronize
 from trainer.bench.torch_op import TorchOpChoice, cosine_cross_entropy
 from trainer.classifier import ClassifierConfig
 from trainer.classifier.sharded_classifier import gaussian_rows
 from trainer.parallel import ParallelDims
-
-ROW_SGD = dict(lr=0.1, momentum=0.9, weight_decay=1e-4)  # run_steps' SGD of the rows
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,9 @@ def sweep_settings(settings: ClassifierBenchSettings, peer: TorchPeerSettings, r
 
 def _raise_on_error(side: str, point: dict) -> None:
     """An allocation failure under the cap is a result; any other failure is a fault to show."""
-    messages = [r.get("message", "") for r in point["ranks"] if r.get("status") == "failed"]
-    messages += [s["message"] for s in point.get("torch_settings", []) if s["status"] == "failed"]
-    if point["status"] == "failed" or messages:
+    failed_settings = [s for s in point.get("torch_settings", []) if s["status"] == "failed"]
+    if point["status"] == "failed" or failed_settings:
+        messages = [r["message"] for r in [*point["ranks"], *failed_settings] if r.get("message")]
         raise RuntimeError(f"{side} failed at N={point['num_classes']:,}: {'; '.join(messages) or 'a rank died'}")
 
 
