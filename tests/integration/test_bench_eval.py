@@ -8,6 +8,7 @@ from trainer.bench.eval_bench import EvalBenchSettings, format_report, run
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow  # default suite: the probe beside scikit-learn in test_linear_probe_vs_sklearn.py
 def test_the_bench_times_extraction_both_probes_and_a_probe_epoch():
     summary = run(EvalBenchSettings(rows=300, width=32, classes=5))
     assert summary["images"] == 1797 and summary["images_per_second"] > 0  # the digits, bank and held-out

@@ -35,6 +35,8 @@ _TRAIN_RECORDING_SAVES = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # default suite: the plan's host copies in tests/unit/test_cpu_plan.py, plan vs measured
+# peaks in test_planner_vs_measured.py
 def test_the_cpu_plan_counts_what_background_saves_keep_in_host_memory(tiny_digits_split, tmp_path):
     # Batch 16: what a save keeps is the network, its optimizer state and the classifier rows, none of
     # which depends on the batch (the plan below reads the same overrides); the steps cost a quarter.

@@ -17,7 +17,7 @@ from trainer.parallel.dims import single_process_dims
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])  # one seed by default
 def test_the_sgd_probe_is_within_two_points_of_scikit_learn_on_the_demos_features(scene_shards, seed):
     config = load_job_config(REPO / "configs" / "demo_cpu.yaml", [
         f"data.train_shards={scene_shards['train']}", f"data.eval_shards={scene_shards['val']}", f"seed={seed}",

@@ -1,7 +1,9 @@
 """A real MLflow tracking server (``mlflow server``, SQLite store, artifacts in the temp dir) and a
-2-rank CPU run tracked in it, stopped by SIGTERM (a preemption) and resumed: still one MLflow run,
-whose params are the resolved config, whose metric history is rank 0's JSON log, scalar for scalar
-over both starts, and whose artifacts are the run's run.json, summary and model card."""
+2-rank CPU run tracked in it, stopped by SIGTERM (a preemption: `instcls launch` exits 143) and
+resumed: still one MLflow run, whose params are the resolved config, whose metric history is rank
+0's JSON log, scalar for scalar over both starts, and whose artifacts are the run's run.json, summary
+and model card.  The same run writes TensorBoard events too (``logging.tensorboard``): read back
+with TensorBoard's own reader, they hold the same series, and no other rank wrote any."""
 
 import json
 import os
@@ -13,6 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -69,6 +72,7 @@ def test_a_preempted_and_resumed_run_is_one_mlflow_run_equal_to_its_json_log(tin
 
     run_dir = tmp_path / "run"
     overrides = FAST + ["logging.log_every=1", "logging.metrics_port=0", "eval.knn_at_end=true",
+                        "eval.every_epochs=2", "logging.tensorboard=true",
                         f"logging.mlflow.tracking_uri={mlflow_server}", f"logging.mlflow.experiment={EXPERIMENT}",
                         "logging.mlflow.run_name=digits"]
     command = train_command(run_dir, tiny_digits_split, 2, overrides, resume="auto",
@@ -120,12 +124,14 @@ def test_a_preempted_and_resumed_run_is_one_mlflow_run_equal_to_its_json_log(tin
                 step, scalars = found
                 for key, value in scalars.items():
                     expected.setdefault(key, []).append((step, value, int(record["time"] * 1000)))
-    assert "eval/knn_trained" in expected and "summary/images" in expected
+    assert {"eval/knn_trained", "eval/knn_random_init", "summary/images", "train/lr"} <= set(expected)
     assert {step for step, _, _ in expected["train/loss"]} == set(range(1, 5))  # 4 epochs of 1 step
     assert set(run.data.metrics) == set(expected)
     for key, history in expected.items():
         logged = sorted((m.step, m.value, m.timestamp) for m in client.get_metric_history(run_id, key))
         assert logged == sorted(history), key
+
+    _assert_tensorboard_holds(expected, run_dir)
 
     files = {item.path for item in client.list_artifacts(run_id)}
     assert files == {"run.json", "summary.json", "model_card.md"}
@@ -133,6 +139,20 @@ def test_a_preempted_and_resumed_run_is_one_mlflow_run_equal_to_its_json_log(tin
     assert summary["stopped_by"] == "finished" and summary["steps"] == 4
     card = _artifact(client, run_id, "model_card.md", tmp_path)
     assert card == (run_dir / "logs" / "model_card.md").read_text() and card.startswith("# ")
+
+
+def _assert_tensorboard_holds(expected: dict[str, list], run_dir: Path) -> None:
+    """Rank 0's event files (one per start) hold every series of its JSON log, as float32."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    folders = {file.parent for file in run_dir.rglob("events.out.tfevents.*")}
+    assert folders == {run_dir / "logs" / "tensorboard"}, folders
+    events = EventAccumulator(str(run_dir / "logs" / "tensorboard"), size_guidance={"scalars": 0})  # 0: keep all
+    events.Reload()
+    written = {tag: sorted((e.step, e.value) for e in events.Scalars(tag)) for tag in events.Tags()["scalars"]}
+    assert sorted(written) == sorted(expected)
+    for tag, history in expected.items():
+        assert written[tag] == sorted((step, float(np.float32(value))) for step, value, _ in history), tag
 
 
 def _artifact(client, run_id: str, name: str, tmp_path) -> str:

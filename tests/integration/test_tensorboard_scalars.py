@@ -40,7 +40,7 @@ def _json_series(log_file) -> dict[str, list[tuple[int, float]]]:
     return series
 
 
-@pytest.mark.integration
+@pytest.mark.slow  # default suite: test_mlflow_tracking.py's run writes TensorBoard events and checks them too
 def test_tensorboard_holds_every_scalar_of_rank_0s_json_log(tiny_digits_split, tmp_path):
     """Two epochs of 2 steps with a kNN evaluation after each (the last with the linear probe): every
     numeric series of rank 0's step, eval and summary records (loss, lr, images/s, phase seconds,

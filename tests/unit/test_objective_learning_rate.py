@@ -133,3 +133,15 @@ def test_the_objective_learning_rate_is_no_part_of_the_checkpoint_fingerprint(tm
     """A schedule setting: nothing saved depends on it, so a run resumes under another value."""
     unset, set_ = _job(tmp_path, OPTIM + "}"), _job(tmp_path, OPTIM + ", objective_base_lr: 0.5}")
     assert run_fingerprint(unset, 16) == run_fingerprint(set_, 16)
+
+
+def test_skip_step_refuses_the_update_inside_the_backward_before_any_training():
+    """That update happens before a non-finite step could be dropped: refused when the objective is
+    built, before DeepSpeed starts, naming both settings and the fixes."""
+    config = InstanceConfig(update_in_backward=True, top_k=5)
+    context = ObjectiveContext(dims=single_process_dims(torch.device("cpu")), num_instances=16, feature_dim=4, seed=0,
+                               optim=OptimSettings(momentum=0.9, weight_decay=1e-4, skips_nonfinite_steps=True))
+    with pytest.raises(ValueError, match="objective.update_in_backward=true is invalid with optim.on_nonfinite: "
+                                         "skip_step.*set update_in_backward: false .* or on_nonfinite: stop"):
+        build_objective(config, context)
+    build_objective(InstanceConfig(update_in_backward=False, top_k=5), context)  # the other choice builds
