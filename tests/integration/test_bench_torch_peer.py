@@ -10,6 +10,7 @@ from trainer.cli import main
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow  # default suite: the command at T = 1 and the ranks' combination in tests/unit/test_torch_op_peer.py
 def test_peer_torch_measures_both_sides_on_each_rank_and_checks_they_agree(tmp_path, capsys):
     out = tmp_path / "peer.json"
     args = ("bench classifier --peer torch --num-classes 20000 --batch 32 --dim 16 --ranks 2 --chunk-size 4096 "

@@ -47,6 +47,7 @@ def unlabelled_val(tiny_digits_split, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow  # default suite: unlabelled eval data named with its field in tests/unit/test_eval_data_check.py
 def test_unlabelled_eval_data_stops_the_run_before_its_first_step(tiny_digits_split, unlabelled_val, tmp_path):
     shards = dict(tiny_digits_split, val=unlabelled_val)
     result = _run(tmp_path, shards, [])

@@ -24,6 +24,8 @@ DIGITS = REPO / "configs" / "digits_cpu.yaml"
 RUN = ["data.loader.batch_size=32", "optim.epochs=1", "eval.knn_at_end=true", "checkpoint.every_epochs=1"]
 
 
+@pytest.mark.slow  # default suite: an export's weights as init_from in tests/unit/test_initial_weights.py, run.json in
+# tests/unit/test_run_provenance.py
 def test_a_run_from_an_export_starts_from_its_network_and_records_its_provenance(tiny_digits_split, tmp_path,
                                                                                  capsys):
     shards = [f"data.train_shards={tiny_digits_split['train']}", f"data.eval_shards={tiny_digits_split['val']}"]

@@ -4,13 +4,25 @@ ZeRO's partitioning and are normalised whole), a collapsing run is reported, and
 config learns on the demo's digit scenes."""
 
 import json
+import signal
+import subprocess
 
 import pytest
 import torch
 
-from tests.helpers.training import FAST, eval_knn, latest_checkpoint, replica_checks, run_train, step_losses
+from tests.helpers.training import (
+    FAST,
+    REPO,
+    eval_knn,
+    latest_checkpoint,
+    replica_checks,
+    run_train,
+    step_losses,
+    train_command,
+)
 from tests.integration.test_training import assert_same_training_state
 from trainer.checkpoint.row_checkpoint import read_full_rows
+from trainer.drills.jobs import job_env
 from trainer.observability.report import RunLogs
 
 pytestmark = pytest.mark.integration
@@ -53,12 +65,22 @@ def test_swav_resumes_mid_run_with_a_full_queue_bit_identically_under_zero3(digi
 def test_a_collapsing_run_is_reported(digits_split, tmp_path):
     """K = 100 < D = 128: a feature orthogonal to the prototypes' differences scores them all
     equally, so the uniform solution (loss ln K) is reachable, and on these digits it is reached: the
-    warning fired at step 13 of 48 on this repo's machine (2026-11-28), so 24 steps leave it room."""
-    result = run_train(tmp_path, digits_split, 2, FAST + ["objective.num_prototypes=100", "optim.base_lr=0.48",
-                                                          "logging.log_every=1", "objective.collapse_log_steps=5",
-                                                          "max_steps=24"],
-                       config=SWAV)
-    assert "WARNING: the swav loss has stayed at ln K = 4.605" in result.stderr
+    warning fired at step 13 of 48 on this repo's machine (2026-11-28), so 24 steps leave it room.
+    The run is stopped (SIGTERM, as a preemption) once the warning is out: the steps after it show
+    nothing more."""
+    command = train_command(tmp_path, digits_split, 2, FAST + [
+        "objective.num_prototypes=100", "optim.base_lr=0.48", "logging.log_every=1", "objective.collapse_log_steps=5",
+        "max_steps=24"], config=SWAV)
+    run = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           env=job_env())
+    warned = False
+    for line in run.stderr:
+        if "WARNING: the swav loss has stayed at ln K = 4.605" in line:
+            warned = True
+            run.send_signal(signal.SIGTERM)
+            break
+    run.communicate(timeout=300)
+    assert warned, f"no collapse warning in 24 steps (exit {run.returncode})"
     steps = [json.loads(line) for line in (tmp_path / "logs" / "rank-00000.jsonl").read_text().splitlines()
              if '"event": "step"' in line]
     assert steps[-1]["objective_collapse_suspected"] == 1.0

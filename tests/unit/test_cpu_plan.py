@@ -65,6 +65,7 @@ def test_plan_cpu_shows_the_measured_runtime_as_a_line_of_its_own(tmp_path, caps
     assert breakdown["runtime (measured: Python, torch, libs)"] == 1100 * MIB
 
 
+@pytest.mark.slow  # default suite: the runtime's line in test_plan_cpu_shows_the_measured_runtime_as_a_line_of_its_own
 @pytest.mark.integration
 def test_the_runtime_is_measured_in_a_fresh_process_importing_what_a_rank_imports():
     runtime_baseline.runtime_rss_bytes.cache_clear()
