@@ -3,10 +3,10 @@ checkpoint write.  A drill passes only when what the job left on disk says so (s
 ``trainer.drills.catalogue``); the kills must end bit-identical to a run never interrupted.
 
 NaN has its own job test in test_training.py, a damaged checkpoint and pickled code theirs in the
-unit tests, so those drills repeat here only in the slow run.  The job test of preemption (the
-retryable exit code, then the pods recreated and resuming to the uninterrupted state) is the
-Indexed Job's preemption drill on its own pods (test_pod_drills.py), so the one-agent SIGTERM drill
-runs in the slow run too.  A peer's preemption (SIGTERM to one rank; torchrun restarts the ranks in
+unit tests, so those drills repeat here only in the slow run.  The job test of preemption (SIGTERM
+to `instcls launch`, the retryable exit code, the same command resuming) is test_mlflow_tracking.py's,
+and pods recreated and resuming to the uninterrupted state are test_pod_drills.py's, so the one-agent
+SIGTERM drill runs in the slow run too.  A peer's preemption (SIGTERM to one rank; torchrun restarts the ranks in
 place) runs only in the slow run: the launcher's side of it is unit-tested (test_exit_codes.py)."""
 
 import json
@@ -21,8 +21,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("drill-context")]
 
 COVERED_ELSEWHERE = {"peer-preempted", "loss-becomes-nan", "nan-step-skipped", "damaged-newest-checkpoint",
                      "checkpoint-with-pickled-code",
-                     "preempted-with-sigterm",  # the pods' preemption in test_pod_drills.py
-                     # the exact resume: indexed-job/preemption; a killed rank: test_stop_agreement.py's
+                     "preempted-with-sigterm",  # test_mlflow_tracking.py's SIGTERM to `instcls launch`
+                     # the exact resume: trainjob/replaced-pod; a killed rank: test_stop_agreement.py's
                      # SIGTERM to one rank; checkpoint writes cut short: the unit tests of the writer
                      "rank-killed-mid-step", "rank-killed-while-saving", "disk-full-during-save",
                      "metrics-port-taken",  # the drill command's test below runs it

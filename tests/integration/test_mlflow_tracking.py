@@ -72,7 +72,7 @@ def test_a_preempted_and_resumed_run_is_one_mlflow_run_equal_to_its_json_log(tin
 
     run_dir = tmp_path / "run"
     overrides = FAST + ["logging.log_every=1", "logging.metrics_port=0", "eval.knn_at_end=true",
-                        "eval.every_epochs=2", "logging.tensorboard=true",
+                        "logging.tensorboard=true",
                         f"logging.mlflow.tracking_uri={mlflow_server}", f"logging.mlflow.experiment={EXPERIMENT}",
                         "logging.mlflow.run_name=digits"]
     command = train_command(run_dir, tiny_digits_split, 2, overrides, resume="auto",
