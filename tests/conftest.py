@@ -91,7 +91,7 @@ def color_shards(color_folder, tmp_path_factory) -> Path:
 # start first, so that no minute-long test starts last while the other workers idle.
 LONGEST_FIRST = {"test_pic_training": 145, "test_pod_drills": 113, "test_mlflow_tracking": 103,
                  "test_prometheus_scrape": 93, "test_swav_training": 60,
-                 "test_export_round_trip": 61, "test_skip_nonfinite": 58, "test_evaluation_guards": 58,
+                 "test_export_round_trip": 61, "test_evaluation_guards": 58,
                  "test_bench_classifier": 57, "test_backbone_families": 57, "test_training": 47}
 
 

@@ -224,7 +224,7 @@ def test_training_learns_and_beats_random_init_knn(digits_split, tmp_path):
     assert final["knn_trained"] > final["knn_random_init"], final
 
 
-@pytest.mark.slow  # default suite: a non-finite run stops with its message in test_skip_nonfinite.py
+@pytest.mark.slow  # default suite: a non-finite run stops naming its step in test_nonfinite_gradient.py
 def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(digits_split, tmp_path):
     """Under `instcls launch`, the container's entry point, the job exits with the permanent code of a
     poisoned model (torchrun alone would say 1, as for any crash): Kubernetes must not retry it."""
