@@ -21,8 +21,9 @@ def _records(run_dir, rank=0):
     return [json.loads(line) for line in (run_dir / "logs" / f"rank-{rank:05d}.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.slow  # default suite: a 2-rank checkpoint resumed on 1 rank through the trainer in
-# test_bf16_master_weights.py; the global batch split and the restart's cost in tests/unit/test_elastic.py
+@pytest.mark.slow  # default suite: checkpoints resumed on other world sizes by the checkpoint and engine code in
+# test_backbone_optimizer_reshard.py and test_bf16_master_weights.py; the global batch split and the restart's
+# cost in tests/unit/test_elastic.py
 def test_a_resume_on_fewer_ranks_keeps_the_global_batch_and_records_the_restart(digits_split, tmp_path):
     elastic, reference = tmp_path / "elastic", tmp_path / "reference"
     # The uninterrupted 2-rank run to step 4 is also the reference: its logs are kept as they were
