@@ -12,12 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainer.checkpoint.save_plan import FileWrite, SavePlan
+from trainer.checkpoint.write_retry import save_json_file
 
 TRACKING_FILE = "tracking.json"
-
-
-def _write_json(payload: dict, file: Path) -> None:
-    Path(file).write_text(json.dumps(payload, indent=1))
 
 
 class TrackingState:
@@ -31,7 +28,7 @@ class TrackingState:
         run_id = self.run_id()
         if run_id is None:
             return []
-        return [FileWrite(TRACKING_FILE, {"mlflow_run_id": run_id}, owned=True, save=_write_json)]
+        return [FileWrite(TRACKING_FILE, {"mlflow_run_id": run_id}, owned=True, save=save_json_file)]
 
     def load_from(self, path: Path, dims) -> None:
         """Nothing to restore: the resumed run reads the id before its tracker starts (``tracked_run_id``)."""

@@ -32,6 +32,7 @@ file object that keeps the OSError and raises it.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import sys
 import time
@@ -100,6 +101,11 @@ class _ErrnoKeepingFile:
 
     def flush(self) -> None:
         self.file.flush()
+
+
+def save_json_file(payload, path: str | os.PathLike) -> None:
+    """A small JSON checkpoint file (``run.json``, ``tracking.json``): a ``FileWrite``'s ``save``."""
+    Path(path).write_text(json.dumps(payload, indent=1))
 
 
 def save_torch_file(payload, path: str | os.PathLike, zipfile: bool = True) -> None:

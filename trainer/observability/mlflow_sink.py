@@ -134,7 +134,6 @@ class MlflowSink:
         self.run_id = resumed_run_id
         self.end_status = "FAILED"
         self.warn, self.warned = warn, False
-        self.delivered_metrics = 0
         self._client_factory = client_factory or _mlflow_client
         self._items: queue.Queue = queue.Queue()
         self._pending_metrics: list = []
@@ -222,7 +221,6 @@ class MlflowSink:
             batch = self._pending_metrics[:BATCH_METRICS]
             client.log_batch(self.run_id, metrics=batch)
             del self._pending_metrics[:len(batch)]
-            self.delivered_metrics += len(batch)
         while self._pending_files:
             path, name = self._pending_files[0]
             _log_file(client, self.run_id, path, name)

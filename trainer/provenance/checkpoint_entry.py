@@ -3,15 +3,11 @@ that wrote it (rank 0 writes it; nothing is loaded back: a resumed run records i
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from trainer.checkpoint.save_plan import FileWrite, SavePlan
+from trainer.checkpoint.write_retry import save_json_file
 from trainer.provenance.run_provenance import RUN_FILE
-
-
-def _write_json(payload: dict, file: Path) -> None:
-    Path(file).write_text(json.dumps(payload, indent=1))
 
 
 class ProvenanceState:
@@ -23,7 +19,7 @@ class ProvenanceState:
     def snapshot(self, path: Path, dims, step: int) -> SavePlan:
         if self.provenance is None:
             return []
-        return [FileWrite(RUN_FILE, self.provenance, owned=True, save=_write_json)]
+        return [FileWrite(RUN_FILE, self.provenance, owned=True, save=save_json_file)]
 
     def load_from(self, path: Path, dims) -> None:
         """Nothing to restore: provenance describes a run, and the resumed run writes its own."""
