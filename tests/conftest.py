@@ -110,3 +110,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """One signed-requests SeaweedFS server for the session (tests that use it share an xdist group,
+    so one worker starts it); ``s3_server.client_env()`` is what a reading process needs."""
+    from tests.helpers.s3_server import SeaweedServer
+
+    server = SeaweedServer(tmp_path_factory.mktemp("seaweedfs"), signed=True).start()
+    yield server
+    server.stop()

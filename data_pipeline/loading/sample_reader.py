@@ -58,8 +58,9 @@ class StepInputs:
 class StepReader:
     """Turns ``(epoch, step)`` into ``StepInputs`` for one rank.
 
-    ``read_threads > 1`` reads the images of a step concurrently (``os.pread`` releases the GIL),
-    which hides per-file latency on network storage when one process feeds a fast GPU decoder.
+    ``read_threads > 1`` reads the images of a step concurrently (``os.pread`` and an S3 client's
+    socket reads release the GIL), which hides per-request latency on network and object storage
+    when one process feeds a fast GPU decoder; for ``s3://`` sets it is ``data.storage.max_in_flight``.
     """
 
     def __init__(self, table: SampleTable, sampler: Sampler, rank: int, seed: int, augment: AugmentConfig | None,

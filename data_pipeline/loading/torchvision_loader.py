@@ -94,6 +94,7 @@ class TorchLoader(IndexedLoader):
 
     def _batches(self, epoch: int, steps: range) -> Iterator[Batch]:
         dataset = _StepViews(self.reader, epoch, steps, self.config.augment, self.train)
+        self.reader.table.open_all()  # a local set's handles, opened once here, are inherited by every worker
         # Pinned host memory lets the copy to the GPU run asynchronously (see ``_batch``).
         workers = DataLoader(dataset, batch_size=None, num_workers=self.config.num_threads, prefetch_factor=2,
                              pin_memory=self.device.type == "cuda")

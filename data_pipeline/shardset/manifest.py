@@ -76,18 +76,23 @@ class ShardManifest:
                 f"{path} not found; create the shards with `instcls make-shards --out {directory}` "
                 "(an interrupted run leaves no manifest: run it again, it resumes)"
             )
+        return cls.parse(path.read_text(), str(path), str(directory))
+
+    @classmethod
+    def parse(cls, text: str, where: str, directory: str) -> "ShardManifest":
+        """The manifest in ``text``; ``where`` names the file and ``directory`` the set in the errors."""
         try:
-            raw = json.loads(path.read_text())
+            raw = json.loads(text)
             if raw.get("format") not in (FORMAT, LEGACY_FORMAT):
                 raise ValueError(f"format is {raw.get('format')!r}, expected {FORMAT!r} or {LEGACY_FORMAT!r}")
             raw["shards"] = [ShardEntry(**entry) for entry in raw["shards"]]
             manifest = cls(**raw)
-        except (ValueError, TypeError, KeyError) as error:
+        except (ValueError, TypeError, KeyError, AttributeError) as error:
             raise ValueError(
-                f"{path} is not a valid instcls manifest ({error}); recreate it with make-shards"
+                f"{where} is not a valid instcls manifest ({error}); recreate it with make-shards"
             ) from error
         if not manifest.legacy and manifest.table is None:
-            raise ValueError(f"{path} names no sample table; rebuild it with `instcls merge-shards {directory}`")
+            raise ValueError(f"{where} names no sample table; rebuild it with `instcls merge-shards {directory}`")
         return manifest
 
     def tar_paths(self, directory: Path) -> list[str]:

@@ -1,17 +1,18 @@
 """Random access into a shard set: instance id -> (tar file, byte offset, size) of its image, and its label.
 
-Samplers name samples by id, so loaders must read any sample without streaming its shard.  Row i
+Samplers name samples by id, so loaders must read any sample without streaming its shard: a
+byte-range read of the set's store (``data_pipeline.storage``: a local directory with one open
+handle per shard, or ranged GETs under ``s3://bucket/prefix``).  Row i
 of the shard set's sample table (``data_pipeline.shardset.table_file``, written by make-shards) is id i:
 it is memory-mapped, so opening 14.2M ids costs a header read, every rank of a node shares the
 pages, and a lookup touches one 4 KiB page.  Format-1 sets (no table yet) get theirs built in
 memory from the ``.idx`` files (``data_pipeline.shardset.legacy_table``), with a warning naming the command
-that writes it once.
+that writes it once; on S3 they are refused (upgrade them on disk first).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import time
 import warnings
 from pathlib import Path
@@ -19,10 +20,13 @@ from pathlib import Path
 import numpy as np
 
 from data_pipeline.shardset.legacy_table import RECREATE, rows_from_index_files
-from data_pipeline.shardset.manifest import MANIFEST_NAME, ShardEntry, ShardManifest
+from data_pipeline.shardset.manifest import MANIFEST_NAME, ShardEntry
 from data_pipeline.shardset.sample_ids import ID_BYTES, decode_int64
+from data_pipeline.shardset.set_files import load_manifest, local_table
 from data_pipeline.shardset.table_file import open_table
-from data_pipeline.shardset.tar_index import read_dali_index
+from data_pipeline.shardset.tar_index import parse_dali_index
+from data_pipeline.storage.shard_url import S3Url, ShardLocation, shard_location
+from data_pipeline.storage.stores import open_store
 
 
 class ShardReadError(OSError):
@@ -34,15 +38,12 @@ class LegacyShardSetWarning(UserWarning):
 
 
 class SampleTable:
-    """Where each instance's image lies, and its label; reads images by id with ``os.pread``.
+    """Where each instance's image lies, and its label; reads images by id from the set's store."""
 
-    Files are opened per read: a step touches up to ``batch`` different shards out of thousands,
-    more than a process may keep open, and nothing open survives into forked workers.
-    """
-
-    def __init__(self, shard_dir: Path) -> None:
-        self.shard_dir = Path(shard_dir)
-        manifest = ShardManifest.load(self.shard_dir)
+    def __init__(self, shard_dir: ShardLocation | str) -> None:
+        self.shard_dir = shard_location(shard_dir)
+        self.store = open_store(self.shard_dir)
+        manifest = load_manifest(self.shard_dir)
         self.num_samples = manifest.num_instances
         self.shards = sorted(manifest.shards, key=lambda entry: entry.first_id) if manifest.legacy else manifest.shards
         first_ids = np.array([entry.first_id for entry in self.shards], dtype=np.int64)
@@ -52,6 +53,9 @@ class SampleTable:
             raise ValueError(f"{self.shard_dir}/manifest.json: shards do not hold ids 0..{self.num_samples - 1} "
                              f"contiguously in their order; {RECREATE}")
         self._label_offsets = None  # format 1: labels are read from the tars
+        if manifest.legacy and isinstance(self.shard_dir, S3Url):
+            raise ValueError(f"{self.shard_dir} was written by an older make-shards and has no sample table: run "
+                             "`instcls upgrade-shards DIR` on a local copy and copy the set back")
         if manifest.legacy:
             started = time.perf_counter()
             self.rows, self._label_offsets = rows_from_index_files(self.shard_dir, manifest)
@@ -62,12 +66,13 @@ class SampleTable:
                           stacklevel=2)
         else:
             rebuild = f"rebuild it with `instcls merge-shards {self.shard_dir}`, or {RECREATE}"
-            self.rows = open_table(self.shard_dir / manifest.table, self.num_samples, rebuild)
+            self.rows = open_table(local_table(self.shard_dir, manifest, rebuild), self.num_samples, rebuild)
             # A table of another shard set of the same size would pass the checks above: the first
             # and last rows must lie in the first and last shards.
             if self.rows[0]["shard"] != 0 or self.rows[-1]["shard"] != len(self.shards) - 1:
-                raise ValueError(f"{self.shard_dir / manifest.table}: its rows do not match the manifest's shards; "
+                raise ValueError(f"{self.store.describe(manifest.table)}: its rows do not match the manifest's shards; "
                                  f"{rebuild}")
+        self.store.make_room(len(self.shards))
 
     def shard_of(self, sample_id: int) -> ShardEntry:
         return self.shards[int(self.rows[sample_id]["shard"])]
@@ -76,28 +81,33 @@ class SampleTable:
         """``"<tar> key <key>"``: how error messages name a sample."""
         return f"{self.shard_of(sample_id).tar} key {self._key(sample_id)}"
 
+    def open_all(self) -> None:
+        """Open every shard's handle now (a local set), so that forked loader workers inherit them."""
+        self.store.open_all([entry.tar for entry in self.shards])
+
     def _key(self, sample_id: int) -> str:
         """The key of the sample's image in its tar (read from the index file: only errors need it)."""
         entry, offset = self.shard_of(sample_id), int(self.rows[sample_id]["offset"])
         try:
-            keys = _keys_by_offset(str(self.shard_dir / entry.index))
+            keys = _keys_by_offset(self.store, entry.index)
         except (OSError, ValueError):
             return f"? (image at byte {offset})"
         return keys.get(offset, f"? (image at byte {offset})")
 
     def _read(self, sample_id: int, offset: int, size: int, component: str) -> bytes:
-        path = self.shard_dir / self.shard_of(sample_id).tar
+        tar = self.shard_of(sample_id).tar
         try:
-            handle = os.open(path, os.O_RDONLY)
-        except OSError as error:
-            raise ShardReadError(f"{self.describe(sample_id)}: cannot open {path} ({error}); {RECREATE}") from error
-        try:
-            data = os.pread(handle, size, offset)
-        finally:
-            os.close(handle)
+            data = self.store.read_range(tar, offset, size)
+        except FileNotFoundError as error:
+            raise ShardReadError(f"{self.describe(sample_id)}: cannot open {self.store.describe(tar)} ({error}); "
+                                 f"{RECREATE}") from error
+        except (PermissionError, IsADirectoryError) as error:
+            raise ShardReadError(f"{self.describe(sample_id)}: cannot open {self.store.describe(tar)} ({error}); "
+                                 f"{RECREATE}") from error
         if len(data) != size:
-            raise ShardReadError(f"{self.describe(sample_id)}: .{component} needs {size} bytes at offset {offset}, the "
-                                 f"file has {len(data)} there (truncated or rewritten tar); {RECREATE}")
+            raise ShardReadError(f"{self.describe(sample_id)}: .{component} needs {size} bytes at offset {offset}, "
+                                 f"{self.store.describe(tar)} has {len(data)} there (truncated or rewritten tar); "
+                                 f"{RECREATE}")
         return data
 
     def read_jpeg(self, sample_id: int) -> bytes:
@@ -118,19 +128,23 @@ class SampleTable:
 
 
 @functools.lru_cache(maxsize=8)
-def _keys_by_offset(index_path: str) -> dict[int, str]:
-    return {component.offset: sample.key for sample in read_dali_index(Path(index_path))
+def _keys_by_offset(store, index: str) -> dict[int, str]:
+    return {component.offset: sample.key
+            for sample in parse_dali_index(store.read_bytes(index).decode(), store.describe(index))
             for component in sample.components}
 
 
 @functools.lru_cache(maxsize=4)
-def _cached_table(shard_dir: str, manifest_mtime_ns: int) -> SampleTable:
-    return SampleTable(Path(shard_dir))
+def _cached_table(shard_dir: ShardLocation, manifest_mtime_ns: int) -> SampleTable:
+    return SampleTable(shard_dir)
 
 
-def sample_table(shard_dir: Path) -> SampleTable:
+def sample_table(shard_dir: ShardLocation | str) -> SampleTable:
     """The table of ``shard_dir``, opened once per process (a train and an eval loader share it);
-    a rewritten manifest (new mtime) is opened again."""
-    manifest_path = Path(shard_dir).resolve() / MANIFEST_NAME
+    a local set whose manifest was rewritten (new mtime) is opened again."""
+    location = shard_location(shard_dir)
+    if isinstance(location, S3Url):
+        return _cached_table(location, 0)
+    manifest_path = Path(location).resolve() / MANIFEST_NAME
     mtime = manifest_path.stat().st_mtime_ns if manifest_path.exists() else 0
-    return _cached_table(str(manifest_path.parent), mtime)
+    return _cached_table(manifest_path.parent, mtime)

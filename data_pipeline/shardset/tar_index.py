@@ -79,7 +79,12 @@ def write_dali_index(samples: list[TarSample], tar_path: Path, index_path: Path)
 
 def read_dali_index(index_path: Path) -> list[TarSample]:
     """The samples an index file lists; ``ValueError`` naming the file and line if it is malformed."""
-    lines = Path(index_path).read_text().splitlines()
+    return parse_dali_index(Path(index_path).read_text(), str(index_path))
+
+
+def parse_dali_index(text: str, index_path: str) -> list[TarSample]:
+    """The samples of an index file's ``text``; ``index_path`` names it in the errors."""
+    lines = text.splitlines()
     header = lines[0].split() if lines else []
     if len(header) != 2 or header[0] != INDEX_VERSION or not header[1].isdigit():
         raise ValueError(f"{index_path}: header {' '.join(header)!r} is not '{INDEX_VERSION} <count>'")

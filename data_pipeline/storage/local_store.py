@@ -1,0 +1,81 @@
+"""A shard set in a local (or network-mounted POSIX) directory, read by byte range.
+
+Each process keeps one read-only handle per shard it touches, up to the set's shard count (14,198
+at ImageNet-21K; ``open_files`` raises the soft limit for them), so a random order over all shards
+costs one open per shard per process, not one per sample: 64 ranks at 1,000 images/s no longer ask
+a shared filesystem's metadata servers for 64,000 opens a second.  ``os.pread`` carries its own
+offset, so threads share a handle.
+
+Forks: a DataLoader worker inherits the handles its parent had open (a descriptor survives ``fork``
+and ``pread`` moves no shared position), and ``open_all`` lets a loader open every shard before its
+workers fork.  Handles a worker opens itself close when the worker exits at the end of its pass.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from data_pipeline.storage.open_files import ensure_open_files
+from data_pipeline.storage.read_stats import read_stats
+
+
+class LocalStore:
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self._handles: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._room_for = 0
+
+    # Sample reads a step issues at once: None keeps the loader's own thread count (a local disk).
+    concurrency = None
+
+    def describe(self, relative: str) -> str:
+        return str(self.root / relative)
+
+    def make_room(self, shards: int) -> None:
+        """Let this process keep ``shards`` handles open (called once the manifest is read)."""
+        if shards > self._room_for:
+            ensure_open_files(shards, str(self.root))
+            self._room_for = shards
+
+    def _handle(self, relative: str) -> int:
+        handle = self._handles.get(relative)
+        if handle is not None:
+            return handle
+        with self._lock:
+            handle = self._handles.get(relative)
+            if handle is None:
+                handle = os.open(self.root / relative, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                read_stats().count("opens")
+                self._handles[relative] = handle
+        return handle
+
+    def open_all(self, relatives: list[str]) -> None:
+        for relative in relatives:
+            self._handle(relative)
+
+    def read_range(self, relative: str, offset: int, size: int) -> bytes:
+        """``size`` bytes at ``offset`` (fewer when the file is shorter: the caller names the damage)."""
+        handle = self._handle(relative)
+        stats = read_stats()
+        with stats.request():
+            data = os.pread(handle, size, offset)
+        stats.add_bytes(len(data))
+        return data
+
+    def read_bytes(self, relative: str) -> bytes:
+        return (self.root / relative).read_bytes()
+
+    def exists(self, relative: str) -> bool:
+        return (self.root / relative).exists()
+
+    def local_path(self, relative: str) -> Path:
+        return self.root / relative
+
+    def close(self) -> None:
+        with self._lock:
+            for handle in self._handles.values():
+                os.close(handle)
+            self._handles.clear()

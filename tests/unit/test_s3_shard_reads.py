@@ -1,0 +1,144 @@
+"""A shard set read from a real S3 server (SeaweedFS) is the same set as on disk, and every way
+the store can fail is a clear error within seconds, never a hang."""
+
+import time
+
+import numpy as np
+import pytest
+
+from data_pipeline.shardset.sample_table import SampleTable, ShardReadError
+from data_pipeline.shardset.set_files import manifest_sha256
+from data_pipeline.storage.read_stats import read_stats
+from data_pipeline.storage.storage_errors import BucketNotFoundError, StorageAccessError, StorageUnavailableError
+from data_pipeline.storage.storage_settings import StorageSettings, use_storage_settings
+from data_pipeline.storage.stores import forget_stores
+
+pytestmark = pytest.mark.xdist_group("s3")
+
+QUICK = dict(connect_timeout_s=1.0, read_timeout_s=2.0, outage_retry_s=2.0)
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch, tmp_path):
+    for name, value in s3_server.client_env().items():
+        monkeypatch.setenv(name, value)
+    use_storage_settings(StorageSettings(table_cache_dir=str(tmp_path / "tables"), **QUICK))
+    forget_stores()
+    yield s3_server
+    use_storage_settings(StorageSettings())
+    forget_stores()
+
+
+@pytest.fixture(scope="module")
+def colors_on_s3(s3_server, color_shards):
+    url = "s3://instcls-reads/sets/colors"
+    s3_server.sync_up(color_shards, url)
+    return url
+
+
+def test_an_s3_set_reads_the_same_bytes_labels_and_digest_as_on_disk(s3_env, color_shards, colors_on_s3, tmp_path):
+    local, remote = SampleTable(color_shards), SampleTable(colors_on_s3)
+    assert remote.num_samples == local.num_samples
+    ids = np.arange(local.num_samples)
+    before = read_stats().snapshot()
+    assert [remote.read_jpeg(i) for i in ids] == [local.read_jpeg(i) for i in ids]
+    requests = read_stats().snapshot().since(before).requests
+    assert requests >= local.num_samples  # one ranged GET per image (plus the local reads)
+    assert remote.labels(ids).tolist() == local.labels(ids).tolist()
+    assert manifest_sha256(colors_on_s3) == manifest_sha256(color_shards)
+    assert remote.describe(3) == local.describe(3)  # the same shard and key in errors
+    cached = list((tmp_path / "tables").glob("*.npy"))
+    assert len(cached) == 1  # downloaded once per node, named by its digest
+    SampleTable(colors_on_s3)
+    assert list((tmp_path / "tables").glob("*.npy")) == cached
+
+
+def test_a_wrong_endpoint_fails_within_its_connect_bound(s3_env, colors_on_s3, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9")  # discard port: refused
+    started = time.monotonic()
+    with pytest.raises(StorageUnavailableError, match=r"127\.0\.0\.1:9.*endpoint_url"):
+        SampleTable(colors_on_s3)
+    assert time.monotonic() - started < 10
+
+
+def test_refused_and_missing_credentials_name_the_fix(s3_env, colors_on_s3, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret")
+    with pytest.raises(StorageAccessError, match=r"s3://instcls-reads/sets/colors/manifest.json.*AWS_ACCESS_KEY_ID"):
+        SampleTable(colors_on_s3)
+    forget_stores()
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(StorageAccessError, match="no S3 credentials were found.*unsigned"):
+        SampleTable(colors_on_s3)
+
+
+def test_a_missing_bucket_or_prefix_is_named(s3_env, colors_on_s3):
+    with pytest.raises(BucketNotFoundError, match="s3://no-such-bucket/x.*does not exist"):
+        SampleTable("s3://no-such-bucket/x")
+    with pytest.raises(FileNotFoundError, match="s3://instcls-reads/sets/nothing/manifest.json not found.*make-shards"):
+        SampleTable("s3://instcls-reads/sets/nothing")
+
+
+def test_a_table_that_does_not_match_its_digest_is_refused(s3_env, s3_server, color_shards):
+    url = "s3://instcls-reads/sets/bad-table"
+    s3_server.sync_up(color_shards, url)
+    client = s3_server.client()
+    key = "sets/bad-table/samples.npy"
+    table = client.get_object(Bucket="instcls-reads", Key=key)["Body"].read()
+    client.put_object(Bucket="instcls-reads", Key=key, Body=table[:-20] + bytes(20))
+    with pytest.raises(ValueError, match="samples.npy: its SHA-256 is .*the manifest says"):
+        SampleTable(url)
+
+
+def test_a_tar_shorter_than_its_index_is_named(s3_env, s3_server, color_shards):
+    url = "s3://instcls-reads/sets/short-tar"
+    s3_server.sync_up(color_shards, url)
+    local = SampleTable(color_shards)
+    tar = local.shards[0].tar
+    client = s3_server.client()
+    body = client.get_object(Bucket="instcls-reads", Key=f"sets/short-tar/{tar}")["Body"].read()
+    client.put_object(Bucket="instcls-reads", Key=f"sets/short-tar/{tar}", Body=body[:2048])
+    remote = SampleTable(url)
+    last_of_first_shard = local.shards[0].count - 1
+    with pytest.raises(ShardReadError, match=rf"{tar} key .*needs \d+ bytes at offset \d+.*truncated"):
+        remote.read_jpeg(last_of_first_shard)
+
+
+def test_a_store_that_stops_mid_epoch_is_retried_then_stops_the_run(s3_env, s3_server, colors_on_s3):
+    remote = SampleTable(colors_on_s3)
+    remote.read_jpeg(0)
+    before = read_stats().snapshot()
+    s3_server.pause()
+    try:
+        started = time.monotonic()
+        with pytest.raises(StorageUnavailableError, match=r"no answer after retrying for 2 s.*resumes"):
+            remote.read_jpeg(1)
+        took = time.monotonic() - started
+    finally:
+        s3_server.resume()
+    assert 2 <= took < 2 + QUICK["read_timeout_s"] + 3
+    assert read_stats().snapshot().since(before).retries >= 1
+    assert remote.read_jpeg(1) == SampleTable(colors_on_s3).read_jpeg(1)  # back: the same reader reads again
+
+
+def test_anonymous_reads_from_an_open_server_and_refused_by_a_signing_one(s3_env, s3_server, colors_on_s3,
+                                                                          color_shards, tmp_path, monkeypatch):
+    """A server started without keys serves unsigned requests; one started with keys answers them 403."""
+    from tests.helpers.s3_server import SeaweedServer
+
+    use_storage_settings(StorageSettings(unsigned=True, table_cache_dir=str(tmp_path / "tables"), **QUICK))
+    forget_stores()
+    with pytest.raises(StorageAccessError, match="refused the request's credentials"):
+        SampleTable(colors_on_s3)
+    open_server = SeaweedServer(tmp_path / "anonymous", signed=False).start()
+    try:
+        open_server.sync_up(color_shards, "s3://public-sets/colors")
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", open_server.endpoint)
+        forget_stores()
+        remote = SampleTable("s3://public-sets/colors")
+        assert remote.read_jpeg(7) == SampleTable(color_shards).read_jpeg(7)
+    finally:
+        open_server.stop()
