@@ -11,13 +11,14 @@ The subset: ``resources`` (YAML files, and directories holding a Kustomization),
 (directories holding a Component, whose transformers act on the including kustomization's
 resources), ``images`` (``name`` -> ``newName``/``newTag``/``digest`` on every ``image`` of a
 ``containers`` or ``initContainers`` list, at any depth: kustomize does so for custom resources
-too), ``patches`` (inline JSON 6902 patches, ops add/remove/replace, on the resources that match a
-``target`` by kind and name), ``replacements`` (inline: one ``source`` selected by kind and name, its
-``fieldPath`` copied to each target's ``fieldPaths``; paths of map keys and ``[key=value]`` list
-selectors; run after the kustomization's images, as kustomize runs them) and ``sortOptions: {order:
-fifo}`` on the top kustomization (resources in the order listed, depth first, a component's after its
-parent's).  Any other field is refused with the file's name, so a kustomization that grows a feature
-fails here instead of rendering something else.
+too), ``patches`` (inline JSON 6902 patches, ops add/remove/replace/test, on the resources that
+match a ``target`` by kind and name; a Component's patch may match none, as one component serves
+overlays that each hold some of its targets, but not all of them may), ``replacements`` (inline: one
+``source`` selected by kind and name, its ``fieldPath`` copied to each target's ``fieldPaths``; paths of
+map keys and ``[key=value]`` list selectors; run after the kustomization's images, as kustomize runs
+them) and ``sortOptions: {order: fifo}`` on the top kustomization (resources in the order listed,
+depth first, a component's after its parent's).  Any other field is refused with the file's name,
+so a kustomization that grows a feature fails here instead of rendering something else.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import yaml
 
 KUSTOMIZATION_NAMES = ("kustomization.yaml", "kustomization.yml", "Kustomization")
 FIELDS = {"apiVersion", "kind", "resources", "components", "images", "patches", "replacements", "sortOptions"}
-PATCH_OPS = {"add", "remove", "replace"}
+PATCH_OPS = {"add", "remove", "replace", "test"}
 IMAGE_FIELDS = {"name", "newName", "newTag", "digest"}
 CONTAINER_LISTS = ("containers", "initContainers")
 
@@ -109,8 +110,11 @@ def _build(directory: Path, kind: str, objects: list[dict] | None = None) -> lis
             )
     for entry in data.get("components", []):
         objects = _build(directory / entry, "Component", objects)
-    for patch in data.get("patches", []):  # the kustomization's own transformers: after its components
-        _apply_patch(directory, objects, patch)
+    patches = data.get("patches", [])
+    matched = [_apply_patch(directory, objects, patch, may_miss=kind == "Component") for patch in patches]
+    if patches and not any(matched):  # kustomize skips a component's patch that selects nothing, so every one
+        raise UnsupportedKustomization(f"{directory}: none of the component's patch targets is among the including "
+                                       "kustomization's resources (a renamed object, or the wrong overlay)")
     for image in data.get("images", []):
         for obj in objects:
             _set_images(obj, image)
@@ -119,8 +123,9 @@ def _build(directory: Path, kind: str, objects: list[dict] | None = None) -> lis
     return objects
 
 
-def _apply_patch(directory: Path, objects: list[dict], patch: dict) -> None:
-    """One ``patches`` entry: an inline JSON 6902 patch on every object its ``target`` names."""
+def _apply_patch(directory: Path, objects: list[dict], patch: dict, may_miss: bool) -> bool:
+    """One ``patches`` entry: an inline JSON 6902 patch on every object its ``target`` names.  Whether it
+    matched any; with nothing matched it is an error unless ``may_miss`` (a Component's patch)."""
     target, operations = patch.get("target") or {}, patch.get("patch")
     if set(patch) != {"target", "patch"} or not isinstance(operations, str) or set(target) - {"kind", "name"}:
         raise UnsupportedKustomization(f"{directory}: a patches entry takes target (kind, name) and an inline "
@@ -128,6 +133,8 @@ def _apply_patch(directory: Path, objects: list[dict], patch: dict) -> None:
     matched = [obj for obj in objects if all(obj.get("kind") == target["kind"] if key == "kind"
                                              else obj.get("metadata", {}).get("name") == target["name"]
                                              for key in target)]
+    if not matched and may_miss:
+        return False
     if not matched:
         raise UnsupportedKustomization(f"{directory}: patch target {target} matches no resource")
     for operation in yaml.safe_load(operations):
@@ -136,17 +143,26 @@ def _apply_patch(directory: Path, objects: list[dict], patch: dict) -> None:
                                            f"({', '.join(sorted(PATCH_OPS))})")
         for obj in matched:
             _apply_operation(obj, operation, directory)
+    return True
 
 
 def _apply_operation(obj: dict, operation: dict, directory: Path) -> None:
     *parents, last = [part.replace("~1", "/").replace("~0", "~") for part in operation["path"].split("/")[1:]]
-    node = obj
-    for part in parents:
-        node = node[int(part)] if isinstance(node, list) else node.get(part)
-        if node is None:
-            raise UnsupportedKustomization(f"{directory}: patch path {operation['path']} does not exist")
     op = operation["op"]
     value = json.loads(json.dumps(operation.get("value")))
+    node = obj
+    for part in parents:
+        node = _member(node, part)
+        if node is _MISSING:
+            break
+    if op == "test":  # kustomize fails the build when the value differs or is missing; so does this
+        found = _MISSING if node is _MISSING else _member(node, last)
+        if found != value:
+            raise UnsupportedKustomization(f"{directory}: patch test failed: {operation['path']} is "
+                                           f"{'missing' if found is _MISSING else repr(found)}, not {value!r}")
+        return
+    if node is _MISSING or node is None:
+        raise UnsupportedKustomization(f"{directory}: patch path {operation['path']} does not exist")
     if isinstance(node, list):
         index = len(node) if last == "-" else int(last)
         if op == "add":
@@ -161,6 +177,16 @@ def _apply_operation(obj: dict, operation: dict, directory: Path) -> None:
         del node[last]
     else:
         node[last] = value
+
+
+_MISSING = object()
+
+
+def _member(node, key: str):
+    """``node[key]`` for a map, ``node[int(key)]`` for a list; ``_MISSING`` where there is none."""
+    if isinstance(node, list):
+        return node[int(key)] if key.isdigit() and int(key) < len(node) else _MISSING
+    return node.get(key, _MISSING) if isinstance(node, dict) else _MISSING
 
 
 def _apply_replacement(directory: Path, objects: list[dict], replacement: dict) -> None:

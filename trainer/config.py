@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 import ds_configs
-from data_pipeline.contract import LoaderConfig
+from data_pipeline.contract import LoaderConfig, S3Url, StorageSettings
 from trainer.config_building import ConfigError, apply_overrides, build_dataclass
 from trainer.config_elastic import ElasticSettings
 from trainer.config_tracking import MlflowSettings
@@ -33,17 +33,22 @@ __all__ = ["ConfigError", "JobConfig", "apply_overrides", "load_job_config"]
 @dataclass(frozen=True)
 class DataSection:
     """Attributes:
-    train_shards: directory of the training shard set (with manifest.json).
-    eval_shards: labelled held-out shard set for kNN evaluation at the end (optional).
+    train_shards: the training shard set (with manifest.json): a directory, or ``s3://bucket/prefix``
+        on S3-compatible object storage.
+    eval_shards: labelled held-out shard set for kNN evaluation at the end (optional); a directory
+        or an s3:// URL.
     knn_bank_shards: labelled shard set whose features form the kNN memory bank; defaults to
-        train_shards.
+        train_shards; a directory or an s3:// URL.
     loader: batch size per rank, backend, threads, augmentation (see ``LoaderConfig``).
+    storage: how s3:// sets are reached (endpoint, region, addressing, requests in flight, retry
+        time; see ``StorageSettings``); credentials come from the environment, never the config.
     """
 
-    train_shards: Path
-    eval_shards: Path | None = None
-    knn_bank_shards: Path | None = None
+    train_shards: S3Url | Path
+    eval_shards: S3Url | Path | None = None
+    knn_bank_shards: S3Url | Path | None = None
     loader: LoaderConfig = field(default_factory=LoaderConfig)
+    storage: StorageSettings = field(default_factory=StorageSettings)
 
 
 @dataclass(frozen=True)

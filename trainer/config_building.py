@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from data_pipeline.contract import S3Url
 from trainer.objectives import DEFAULT_OBJECTIVE, ObjectiveConfig, objective_config_class
 
 
@@ -60,6 +61,8 @@ def _coerce(hint, value, where: str):
         options = typing.get_args(hint)
         if value is None and type(None) in options:
             return None
+        if S3Url in options and isinstance(value, str) and value.startswith("s3://"):
+            return _coerce(S3Url, value, where)  # what is wrong with the URL, not "expected a URL or a path"
         for option in options:
             if option is type(None):
                 continue
@@ -80,7 +83,16 @@ def _coerce(hint, value, where: str):
         return tuple(_coerce(t, v, f"{where}[{i}]") for i, (t, v) in enumerate(zip(typing.get_args(hint), value)))
     if dataclasses.is_dataclass(hint):
         return build_dataclass(hint, value, where)
+    if hint is S3Url:
+        if not (isinstance(value, str) and value.startswith("s3://")):
+            raise ConfigError(f"{where}={value!r} is invalid: expected an s3:// URL")
+        try:
+            return S3Url(value)
+        except ValueError as error:
+            raise ConfigError(f"{where}: {error}") from error
     if hint is Path:
+        if isinstance(value, str) and "://" in value:  # a URL of a scheme nothing here reads
+            raise ConfigError(f"{where}={value!r} is invalid: expected a local path or an s3://BUCKET/PREFIX URL")
         if not isinstance(value, (str, Path)):
             raise ConfigError(f"{where}={value!r} is invalid: expected a path")
         return Path(value)
@@ -109,7 +121,8 @@ def _coerce(hint, value, where: str):
 
 
 # What a value of each plain type is written as, for the messages.
-_KINDS = {Path: "a path", bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+_KINDS = {S3Url: "an s3:// URL", Path: "a path", bool: "true or false", int: "an integer", float: "a number",
+          str: "a string"}
 
 
 def _join(where: str, key: str) -> str:

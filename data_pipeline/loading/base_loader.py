@@ -10,7 +10,6 @@ the batches an uninterrupted run would have had.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import torch
 
@@ -22,6 +21,7 @@ from data_pipeline.loading.samplers import SamplerRequest, inference_sampler, tr
 from data_pipeline.loading.samplers.base import Sampler
 from data_pipeline.loading.view_layout import ViewLayout
 from data_pipeline.shardset.sample_table import sample_table
+from data_pipeline.storage.shard_url import ShardLocation, shard_location
 
 
 def default_sampler(num_samples: int, config: LoaderConfig, world_size: int, train: bool) -> Sampler:
@@ -33,7 +33,7 @@ def default_sampler(num_samples: int, config: LoaderConfig, world_size: int, tra
                                            config.last_batch, config.sampler))
 
 
-def _refuse_data_smaller_than_a_batch(shard_dir: Path, samples: int, batch_size: int, world_size: int) -> None:
+def _refuse_data_smaller_than_a_batch(shard_dir: ShardLocation, samples: int, batch_size: int, world_size: int) -> None:
     """Every step would be mostly padding (or, dropping the last batch, there would be no step)."""
     if samples >= batch_size * world_size:
         return
@@ -46,9 +46,9 @@ def _refuse_data_smaller_than_a_batch(shard_dir: Path, samples: int, batch_size:
 class IndexedLoader:
     """Base of both backends; see ``data_pipeline.loading.loader.build_loader`` for the public contract."""
 
-    def __init__(self, shard_dir: Path, config: LoaderConfig, rank: int, world_size: int, device: torch.device,
+    def __init__(self, shard_dir: ShardLocation, config: LoaderConfig, rank: int, world_size: int, device: torch.device,
                  train: bool, sampler: Sampler | None = None, read_threads: int = 1) -> None:
-        self.shard_dir, self.config, self.device, self.train = Path(shard_dir), config, device, train
+        self.shard_dir, self.config, self.device, self.train = shard_location(shard_dir), config, device, train
         self.rank, self.world_size = rank, world_size
         table = sample_table(self.shard_dir)
         self.num_instances = table.num_samples
@@ -102,4 +102,5 @@ class IndexedLoader:
             next_plan=samples.next_plan,
             host_instance_ids=samples.ids,
             host_valid=samples.valid,
+            reads=samples.reads,
         )

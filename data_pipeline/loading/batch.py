@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from data_pipeline.loading.samplers.base import StepIndices
+from data_pipeline.storage.read_stats import StatsSnapshot
 
 
 @dataclass
@@ -28,6 +29,8 @@ class Batch:
         an epoch), so that an objective can prefetch; None for evaluation loaders.
     host_instance_ids, host_valid: ``instance_ids`` and ``valid`` as numpy arrays on the host, for
         code that needs their values without waiting for the device (per-id logs).
+    reads: what reading the step's samples asked of the shard store (``StatsSnapshot``: requests,
+        bytes, opens, retries, errors, each request's latency), for the trainer's metrics.
     """
 
     views: list[torch.Tensor]
@@ -42,3 +45,4 @@ class Batch:
     next_plan: StepIndices | None = None
     host_instance_ids: np.ndarray | None = None
     host_valid: np.ndarray | None = None
+    reads: StatsSnapshot | None = None

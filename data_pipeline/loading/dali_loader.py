@@ -17,6 +17,17 @@ has look-ahead batches queued inside DALI, and resetting such a pipeline is not 
 for them, so the step metadata waits in a FIFO.  The iterator reuses its output buffers, so
 everything handed out is copied first.
 
+A JPEG whose header reads but whose body does not decode fails DALI's decoder on the whole batch.
+The loader then names the culprit: the sample DALI's message points at, if PIL cannot decode it
+either (``_culprits``).  Without ``data.loader.on_bad_sample: skip`` it raises
+``UndecodableImageError`` (a ``ValueError``: the run exits 2) naming it by shard and key.  With
+``skip`` the reader remembers it (read as the blank image from then on: not valid, named in the
+step's ``skipped``), and the pipeline is *rebuilt*, not reset (one whose operator raised cannot
+be: NVIDIA/DALI#4023), to go on from the first step not yet handed out.  The batches are thus
+those of a run that had known the culprit from the start, which is what a resumed run gets: the
+blanking depends on the sample's bytes alone.  A failure on a sample PIL decodes stays a
+``RuntimeError`` (not the data's fault as far as we can tell).
+
 DALI calls a (non-parallel) source on the thread that asks for batches: the training thread,
 inside ``next()``.  So the source reads ahead: the files and parameters of the next
 ``READ_AHEAD`` steps are read by a background thread while the GPU trains, and a call only picks up
@@ -27,8 +38,9 @@ callback, and this one is pointed at a new ``(epoch, steps)`` each pass.
 from __future__ import annotations
 
 import os
+import re
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -38,7 +50,8 @@ from nvidia.dali.plugin.pytorch import DALIGenericIterator
 from data_pipeline.loading.augment.augment_config import IMAGENET_MEAN, IMAGENET_STD, AugmentConfig
 from data_pipeline.loading.base_loader import IndexedLoader
 from data_pipeline.loading.batch import Batch
-from data_pipeline.loading.sample_reader import StepReader, StepSamples
+from data_pipeline.loading.sample_reader import StepReader, StepSamples, UndecodableImageError
+from data_pipeline.shardset.sample_table import RECREATE
 
 _MEAN = [255 * m for m in IMAGENET_MEAN]
 _STD = [255 * s for s in IMAGENET_STD]
@@ -150,6 +163,12 @@ class DaliLoader(IndexedLoader):
         return pipeline, source
 
     def _batches(self, epoch: int, steps: range) -> Iterator[Batch]:
+        while steps:
+            steps = yield from self._pass(epoch, steps)
+
+    def _pass(self, epoch: int, steps: range) -> Generator[Batch, None, range]:
+        """One pipeline's batches of ``steps``; returns the steps still to run (empty: the pass ran
+        to its end) when the decoder failed on samples now skipped (see the module docstring)."""
         pipeline, source = self._pipeline()
         source.start(epoch, steps)  # before the iterator's first run asks for iteration 0
         names = [f"view{v}" for v in range(len(self.view_kinds))]
@@ -162,19 +181,59 @@ class DaliLoader(IndexedLoader):
                 # reset(): it would schedule the next pass's first runs before start() moves the source.
                 pipeline.reset()
                 self._idle = pipeline, source
-                return
-            except RuntimeError as error:  # a DALI operator failed on the next step's batch
+                return range(0)
+            except RuntimeError as error:  # a DALI operator failed on a step it was given
                 if not source.pending:
                     raise
-                raise self._explain(epoch, source, error) from error
+                first = source.pending[0].step
+                self._skip_culprits(epoch, list(source.pending), error)
+                source.start(epoch, range(0))  # drop its reads ahead; this pipeline is not reused
+                return range(first, steps.stop)
             views = [data[name].clone() for name in names]  # DALI reuses these buffers
             yield self._batch(views, source.pending.popleft())
 
-    def _explain(self, epoch: int, source: _StepSource, error: RuntimeError) -> RuntimeError:
-        samples = source.pending[0]
-        culprit = self.reader.undecodable(samples) or "no sample of it fails to decode with PIL"
-        return RuntimeError(f"DALI failed on epoch {epoch} step {samples.step}: {culprit}; DALI said: "
-                            f"{_dali_reason(error)}")
+    def _skip_culprits(self, epoch: int, pending: list[StepSamples], error: RuntimeError) -> None:
+        """Name the samples DALI's decoder failed on (``_culprits``) and have the reader blank them
+        from now on; raise when skipping is off, or when none of them fails PIL too."""
+        found = _culprits(self.reader, pending, error)
+        if found is None:
+            steps = ", ".join(str(samples.step) for samples in pending)
+            raise RuntimeError(f"DALI failed on epoch {epoch} step(s) {steps}, and PIL decodes the samples it names "
+                               f"(or, naming none, every sample of them); DALI said: {_dali_reason(error)}") from error
+        step, problems = found
+        if not self.reader.skip_bad_samples:
+            raise UndecodableImageError(
+                f"DALI failed on epoch {epoch} step {step}: {next(iter(problems.values()))}; {RECREATE}, or set "
+                f"data.loader.on_bad_sample: skip to go on without it; DALI said: {_dali_reason(error)}"
+            ) from error
+        self.reader.skip_undecodable(problems)
+
+
+_REFUSED_SAMPLE = re.compile(r"Failed to decode sample #(\d+)")
+
+
+def _culprits(reader: StepReader, pending: list[StepSamples], error: RuntimeError) -> tuple[int, dict[int, str]] | None:
+    """``(step, {id: why})``: the samples behind DALI's failure, or None if it names one PIL decodes, or
+    names none and PIL decodes every sample of ``pending``.
+
+    DALI hands batches out in order and fails at the failed batch's turn, so ``pending[0]`` (the
+    oldest step it was given and has not handed out) is the step that failed, and the decoder's
+    message names the sample's place in its batch.  That sample is the culprit if PIL fails on it
+    too: a sample is skipped only when both decoders refuse its bytes, never for a failure PIL
+    cannot see (a GPU decoder's transient error).  A message without the place (another DALI
+    version): every sample PIL refuses in the first pending step that has one.
+    """
+    refused = _REFUSED_SAMPLE.search(str(error))
+    failed = pending[0]
+    if refused is not None and int(refused.group(1)) < len(failed.ids):
+        sample_id = int(failed.ids[int(refused.group(1))])
+        problem = reader.pixels_problem(sample_id)
+        return None if problem is None else (failed.step, {sample_id: problem})
+    for samples in pending:
+        problems = reader.undecodable(samples)
+        if problems:
+            return samples.step, problems
+    return None
 
 
 def _dali_reason(error: RuntimeError) -> str:

@@ -7,16 +7,15 @@ runs where DALI is not installed.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from data_pipeline.loading.base_loader import IndexedLoader
 from data_pipeline.loading.loader_config import LoaderConfig
 from data_pipeline.loading.samplers.base import Sampler
+from data_pipeline.storage.shard_url import ShardLocation, shard_location
 
 
-def build_loader(shard_dir: Path, config: LoaderConfig, rank: int, world_size: int, device: torch.device,
+def build_loader(shard_dir: ShardLocation | str, config: LoaderConfig, rank: int, world_size: int, device: torch.device,
                  train: bool, sampler: Sampler | None = None) -> IndexedLoader:
     """The loader chosen by ``config.backend``.
 
@@ -31,8 +30,8 @@ def build_loader(shard_dir: Path, config: LoaderConfig, rank: int, world_size: i
     if config.backend == "dali":
         from data_pipeline.loading.dali_loader import DaliLoader
 
-        return DaliLoader(Path(shard_dir), config, rank, world_size, device, train, sampler,
+        return DaliLoader(shard_location(shard_dir), config, rank, world_size, device, train, sampler,
                           read_threads=config.num_threads)
     from data_pipeline.loading.torchvision_loader import TorchLoader
 
-    return TorchLoader(Path(shard_dir), config, rank, world_size, device, train, sampler)
+    return TorchLoader(shard_location(shard_dir), config, rank, world_size, device, train, sampler)

@@ -60,10 +60,11 @@ class LoaderConfig:
         recorded.
     augment: the augmentation recipe.
     sampler: which ids the training steps read (see ``SamplerConfig``).
-    on_bad_sample: a sample whose bytes cannot be read or are not an image (a shard damaged after
-        validation): "stop" the job with its shard and key (default), or "skip" it: it weighs
-        zero in its step (marked not valid, so no objective state is written for it), a warning
-        names it and ``instcls_bad_samples_skipped_total`` counts it.
+    on_bad_sample: a sample whose bytes cannot be read, are not an image, or do not decode past the
+        header (a shard damaged after validation): "stop" the job with its shard and key (default;
+        exit 2), or "skip" it: it is read as a blank image and weighs zero in its step (marked not
+        valid, so no objective state is written for it), a warning names it and
+        ``instcls_bad_samples_skipped_total`` counts it.
     """
 
     batch_size: int = 256

@@ -18,8 +18,19 @@ from data_pipeline.loading.augment.augment_config import AugmentConfig
 from data_pipeline.loading.augment.view_params import ViewParams, augmentation_rng, draw_views, image_size
 from data_pipeline.loading.samplers.base import Sampler, StepIndices
 from data_pipeline.shardset.sample_table import RECREATE, SampleTable, ShardReadError
+from data_pipeline.storage.read_stats import StatsSnapshot, read_stats
 
 BLANK_SIDE = 32
+
+
+class UndecodableImageError(ValueError):
+    """A sample's image header reads, but its pixels do not decode (a body damaged after validation).
+    A ``ValueError``: the command line reports it in one line and exits ``BAD_INPUT`` (2)."""
+
+
+def undecodable_message(where: str, error: Exception) -> str:
+    """``"<tar> key <key>: .jpg does not decode (why)"``: both backends name such a sample alike."""
+    return f"{where}: .jpg does not decode ({type(error).__name__}: {error})"
 
 
 @cache
@@ -44,6 +55,7 @@ class StepSamples:
     plan: StepIndices
     next_plan: StepIndices | None
     skipped: tuple[str, ...] = ()  # unreadable samples replaced by a blank image and marked not valid
+    reads: StatsSnapshot | None = None  # what reading the step asked of the store (requests, bytes, latencies)
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,11 @@ class StepReader:
     ``read_threads > 1`` reads the images of a step concurrently (``os.pread`` and an S3 client's
     socket reads release the GIL), which hides per-request latency on network and object storage
     when one process feeds a fast GPU decoder; for ``s3://`` sets it is ``data.storage.max_in_flight``.
+
+    With ``skip_bad_samples`` a sample is blanked (``_blank_jpeg``, not valid, named in ``skipped``)
+    when its bytes cannot be read or have no image header, and also once a decoder found that its
+    body does not decode (``skip_undecodable``): from then on every read of it returns the blank.
+    Whether a sample is blank therefore depends only on its bytes, never on when it was found.
     """
 
     def __init__(self, table: SampleTable, sampler: Sampler, rank: int, seed: int, augment: AugmentConfig | None,
@@ -68,6 +85,7 @@ class StepReader:
         self.table, self.sampler, self.rank, self.seed, self.augment = table, sampler, rank, seed, augment
         self.read_threads, self.skip_bad_samples = read_threads, skip_bad_samples
         self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (owning pid: threads do not survive a fork)
+        self.undecodable_ids: dict[int, str] = {}  # id -> why: bodies a decoder failed on, read as the blank
 
     def _map(self, function, items) -> list:
         if self.read_threads <= 1:
@@ -115,6 +133,9 @@ class StepReader:
 
     def _sized_jpeg_or_blank(self, sample_id: int) -> tuple[np.ndarray, tuple[int, int], str | None]:
         """``_sized_jpeg``, or with ``skip_bad_samples`` a blank image and why the sample was skipped."""
+        known = self.undecodable_ids.get(sample_id)
+        if known is not None:
+            return _blank_jpeg(), (BLANK_SIDE, BLANK_SIDE), known
         try:
             return (*self._sized_jpeg(sample_id), None)
         except (ShardReadError, ValueError) as error:
@@ -123,6 +144,9 @@ class StepReader:
             return _blank_jpeg(), (BLANK_SIDE, BLANK_SIDE), str(error).split("; ")[0]
 
     def read(self, epoch: int, step: int) -> StepInputs:
+        """The step's inputs, with what reading them asked of the store (``samples.reads``: counted in the
+        process that reads, a DataLoader worker included, and carried to the trainer with the batch)."""
+        mark = read_stats().mark()
         samples = self._samples(epoch, step)
         jpegs, sizes, problems = zip(*self._map(self._sized_jpeg_or_blank, samples.ids.tolist()))
         if any(problems):
@@ -132,15 +156,34 @@ class StepReader:
         if self.augment is not None:
             heights, widths = np.array(sizes, dtype=np.int64).T
             views = draw_views(augmentation_rng(self.seed, epoch, samples.ids), heights, widths, self.augment)
-        return StepInputs(samples, list(jpegs), views)
+        return StepInputs(replace(samples, reads=read_stats().since(mark)), list(jpegs), views)
 
-    def undecodable(self, samples: StepSamples) -> str | None:
-        """The first sample of a step that PIL cannot fully decode, named by shard and key (for
-        turning a decoder's failure on a whole batch into an actionable message)."""
-        for sample_id in samples.ids.tolist():
-            try:
-                with Image.open(io.BytesIO(self.table.read_jpeg(sample_id))) as image:
-                    image.load()
-            except Exception as error:  # PIL raises many types for bad data
-                return f"{self.table.describe(sample_id)}: .jpg does not decode ({type(error).__name__}: {error})"
+    def pixels_problem(self, sample_id: int) -> str | None:
+        """``undecodable_message`` when the sample's header reads but PIL cannot decode its pixels;
+        None when it decodes, and for a sample the read blanks (unreadable, no header, known bad):
+        that one never reaches a decoder."""
+        if sample_id in self.undecodable_ids:
+            return None
+        try:
+            data = self.table.read_jpeg(sample_id)
+            image_size(data)
+        except Exception:  # noqa: BLE001 - unreadable or headerless: the read blanks it or stops first
+            return None
+        try:
+            with Image.open(io.BytesIO(data)) as image:
+                image.load()
+        except Exception as error:  # PIL raises many types for bad data
+            return undecodable_message(self.table.describe(sample_id), error)
         return None
+
+    def undecodable(self, samples: StepSamples) -> dict[int, str]:
+        """Every sample of a step with a ``pixels_problem``, each once: id -> the problem (for
+        turning a decoder's failure on a whole batch into the names of its culprits)."""
+        problems = {i: self.pixels_problem(i) for i in dict.fromkeys(samples.ids.tolist())}  # padding: once
+        return {sample_id: problem for sample_id, problem in problems.items() if problem is not None}
+
+    def skip_undecodable(self, problems: dict[int, str]) -> None:
+        """With ``skip_bad_samples``: read the samples of ``problems`` (id -> why) as the blank from now on."""
+        if not self.skip_bad_samples:
+            raise ValueError("undecodable samples are blanked only with data.loader.on_bad_sample: skip")
+        self.undecodable_ids.update(problems)

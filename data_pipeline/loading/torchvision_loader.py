@@ -8,6 +8,11 @@ box resized with antialiased bilinear filtering, the affine colour map rounded a
 uint8, the Gaussian blur with the drawn sigma and kernel window, flip, normalisation.  What
 still differs is the decoders' and resamplers' arithmetic: under one grey level on average, a few
 at sharp edges (``tests/integration/test_loaders.py`` holds both backends to that).
+
+An image whose header reads but whose pixels PIL cannot decode raises ``UndecodableImageError``
+(a ``ValueError``: the run exits 2) naming it by shard and key; with ``data.loader.on_bad_sample:
+skip`` the worker has the reader blank it and reads the step again, so its views are drawn for the
+blank image, as for any skipped sample (``StepReader``).
 """
 
 from __future__ import annotations
@@ -25,7 +30,13 @@ from data_pipeline.loading.augment.augment_config import IMAGENET_MEAN, IMAGENET
 from data_pipeline.loading.augment.view_params import ViewParams
 from data_pipeline.loading.base_loader import IndexedLoader
 from data_pipeline.loading.batch import Batch
-from data_pipeline.loading.sample_reader import StepReader, StepSamples
+from data_pipeline.loading.sample_reader import (
+    StepInputs,
+    StepReader,
+    StepSamples,
+    UndecodableImageError,
+    undecodable_message,
+)
 from data_pipeline.shardset.sample_table import RECREATE
 
 
@@ -35,7 +46,7 @@ def decode_rgb(data: np.ndarray, where: str) -> torch.Tensor:
         with Image.open(io.BytesIO(data)) as image:
             rgb = image.convert("RGB")
     except Exception as error:  # PIL raises many types for bad data
-        raise ValueError(f"{where}: .jpg does not decode ({type(error).__name__}: {error}); {RECREATE}") from error
+        raise UndecodableImageError(f"{undecodable_message(where, error)}; {RECREATE}") from error
     return F.pil_to_tensor(rgb)
 
 
@@ -78,10 +89,26 @@ class _StepViews(Dataset):
     def __len__(self) -> int:
         return len(self.steps)
 
-    def __getitem__(self, index: int) -> tuple[list[torch.Tensor], StepSamples]:
-        inputs = self.reader.read(self.epoch, self.steps[index])
+    def _decoded(self, step: int) -> tuple[StepInputs, list[torch.Tensor]]:
+        """The step's inputs and its images decoded; a sample that does not decode is, with
+        ``skip_bad_samples``, blanked by the reader and the step read again (its views drawn anew)."""
         describe = self.reader.table.describe
-        images = [decode_rgb(jpeg, describe(i)) for jpeg, i in zip(inputs.jpegs, inputs.samples.ids.tolist())]
+        while True:
+            inputs = self.reader.read(self.epoch, step)
+            images, problems = [], {}
+            for jpeg, sample_id in zip(inputs.jpegs, inputs.samples.ids.tolist()):
+                try:
+                    images.append(decode_rgb(jpeg, describe(sample_id)))
+                except UndecodableImageError as error:
+                    if not self.reader.skip_bad_samples:
+                        raise
+                    problems[sample_id] = undecodable_message(describe(sample_id), error.__cause__)
+            if not problems:
+                return inputs, images
+            self.reader.skip_undecodable(problems)  # this worker reads them as the blank from now on
+
+    def __getitem__(self, index: int) -> tuple[list[torch.Tensor], StepSamples]:
+        inputs, images = self._decoded(self.steps[index])
         if not self.train:
             return [torch.stack([eval_view(image, self.augment) for image in images])], inputs.samples
         views = [torch.stack([augmented_view(image, view, i) for i, image in enumerate(images)])

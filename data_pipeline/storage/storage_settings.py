@@ -59,7 +59,7 @@ class StorageSettings:
             need(getattr(self, name) > 0, name, "use a positive number of seconds")
         need(self.outage_retry_s >= 0, "outage_retry_s", "use 0 (no retry) or more seconds")
         need(self.endpoint_url is None or "://" in self.endpoint_url, "endpoint_url",
-             "write the scheme too: http://HOST:PORT or https://HOST")
+             "use a URL with its scheme: http://HOST:PORT or https://HOST")
 
     @property
     def resolved_endpoint(self) -> str | None:

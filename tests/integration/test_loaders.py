@@ -2,6 +2,7 @@
 is bit-identical and reads nothing before its first step, both backends apply the same
 augmentation, and bad samples are named by shard and key."""
 
+import argparse
 import io
 import itertools
 import shutil
@@ -18,7 +19,7 @@ from data_pipeline.ingest.make_shards import decode_int64
 from data_pipeline.loading.augment.augment_config import IMAGENET_MEAN, IMAGENET_STD, AugmentConfig
 from data_pipeline.loading.loader import build_loader
 from data_pipeline.loading.loader_config import LoaderConfig
-from data_pipeline.loading.sample_reader import StepReader
+from data_pipeline.loading.sample_reader import StepReader, UndecodableImageError
 from data_pipeline.loading.samplers.epoch_permutation import EpochPermutationSampler
 from data_pipeline.shardset.manifest import ShardManifest
 
@@ -206,6 +207,11 @@ def _break_sample(shard_dir, how):
     elif how == "bad huffman table":  # the header still parses; only decoding fails
         counts = start + jpeg.index(b"\xff\xc4") + 5
         blob[counts : counts + 16] = bytes([255] * 16)
+    elif how == "corrupt body":  # header intact; the second half of the scan data and the end marker zeroed
+        scan = jpeg.index(b"\xff\xda")
+        scan += 2 + int.from_bytes(jpeg[scan + 2 : scan + 4], "big")
+        cut = scan + (len(jpeg) - scan) // 2
+        blob[start + cut : start + len(jpeg)] = bytes(len(jpeg) - cut)
     else:  # a tar cut inside the image
         blob = blob[: start + 10]
     tar_path.write_bytes(bytes(blob))
@@ -248,6 +254,102 @@ def test_with_on_bad_sample_skip_a_bad_sample_is_not_valid_and_named_and_the_res
             assert torch.equal(view[~is_bad], good_view[~is_bad]) and view.isfinite().all()
         skipped += batch.skipped
     assert len(skipped) == 1 and skipped[0].startswith(where), skipped
+
+
+def _damaged_copy(color_shards, directory, how):
+    shutil.copytree(color_shards, directory)
+    return _break_sample(directory, how)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_body_that_does_not_decode_stops_the_run_as_bad_input_naming_shard_and_key(
+    color_shards, tmp_path, backend, monkeypatch, capsys
+):
+    """Without skip, a JPEG whose header reads but whose body does not decode is the data's fault:
+    the command line prints the error in one line and exits 2 (BAD_INPUT, permanent), so a Job does
+    not retry the same sample; DALI's failure on the whole batch included."""
+    import trainer.cli
+    from trainer.exit_codes import ExitCode
+
+    where = _damaged_copy(color_shards, tmp_path / "shards", "corrupt body")
+    config = LoaderConfig(batch_size=8, backend=backend, num_threads=1, augment=AugmentConfig(image_size=16))
+    with pytest.raises(UndecodableImageError, match=where) as caught:
+        for _ in build_loader(tmp_path / "shards", config, 0, 1, CPU, train=True).epoch_batches(0):
+            pass
+
+    def fails_like_the_loader(args):
+        raise caught.value
+
+    command = argparse.ArgumentParser()
+    command.set_defaults(handler=fails_like_the_loader)
+    monkeypatch.setattr(trainer.cli, "build_parser", lambda: command)
+    assert trainer.cli.main([]) == ExitCode.BAD_INPUT, "a crash (exit 1) would be retried on the same sample"
+    assert where in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_skipped_body_that_does_not_decode_reads_as_the_blank_and_a_pass_from_mid_epoch_sees_the_same_stream(
+    color_shards, tmp_path, backend
+):
+    """With skip, the sample is blanked exactly as one without an image header is (same views, not
+    valid, named), and whether it is blank depends only on its bytes: a second pass of the same
+    loader (the culprit known) started at the culprit's step and a fresh loader (a resumed process,
+    nothing known) started the step before give the first pass's batches bit for bit."""
+    where = _damaged_copy(color_shards, tmp_path / "corrupt", "corrupt body")
+    _damaged_copy(color_shards, tmp_path / "headerless", "no image header")  # the same sample
+    bad_id = int(where.split(" key ")[1])
+    config = LoaderConfig(batch_size=8, backend=backend, num_threads=1, augment=AugmentConfig(image_size=16),
+                          on_bad_sample="skip")
+    loader = build_loader(tmp_path / "corrupt", config, 0, 1, CPU, train=True)
+    # an epoch whose culprit comes after two steps, so that a pass can start mid-epoch before and at it
+    epoch, bad_step = next((e, s) for e in range(20) for s in range(2, len(loader))
+                           if bad_id in loader.sampler.step(e, s).ids[0])
+    first = list(loader.epoch_batches(epoch))
+    blanked = list(build_loader(tmp_path / "headerless", config, 0, 1, CPU, train=True).epoch_batches(epoch))
+    for ours, reference in zip(first, blanked, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(ours.views, reference.views, strict=True))
+        assert torch.equal(ours.valid, reference.valid) and torch.equal(ours.instance_ids, reference.instance_ids)
+        assert len(ours.skipped) == len(reference.skipped)
+    assert not first[bad_step].valid[first[bad_step].instance_ids == bad_id].any()
+    assert [problem.split(": .jpg")[0] for b in first for problem in b.skipped] == [where]
+    if backend == "dali":
+        assert loader.pipelines_built == 2, "a pipeline whose decoder raised is rebuilt, not reset"
+    fresh = build_loader(tmp_path / "corrupt", config, 0, 1, CPU, train=True)
+    for again, start in ((loader, bad_step), (fresh, bad_step - 1)):
+        resumed = list(again.epoch_batches(epoch, start_step=start))
+        for ours, expected in zip(resumed, first[start:], strict=True):
+            assert ours.step == expected.step and ours.skipped == expected.skipped
+            assert all(torch.equal(a, b) for a, b in zip(ours.views, expected.views, strict=True))
+            assert torch.equal(ours.valid, expected.valid) and torch.equal(ours.instance_ids, expected.instance_ids)
+    if backend == "dali":
+        assert loader.pipelines_built == 2, "the second pass read the known culprit as the blank: no failure"
+    # Evaluation too: the inference view of the blank is mid-grey (128 of 255) in every channel.
+    evaluation = build_loader(tmp_path / "corrupt", config, 0, 1, CPU, train=False)
+    grey = ((128 / 255 - torch.tensor(IMAGENET_MEAN)) / torch.tensor(IMAGENET_STD))[:, None, None]
+    rows = [(b.views[0][b.instance_ids == bad_id], b.valid[b.instance_ids == bad_id]) for b in
+            evaluation.epoch_batches(0)]
+    views, valid = torch.cat([v for v, _ in rows]), torch.cat([m for _, m in rows])
+    assert len(views) == 1 and not valid.any() and (views[0] - grey).abs().max() < 0.03
+
+
+def test_dali_blames_the_sample_its_decoder_names_only_when_pil_cannot_decode_it_either(color_shards, tmp_path):
+    """Skipping a sample PIL decodes would let a transient decoder failure change the stream; a DALI
+    message that names no sample falls back to the first pending step with a sample PIL refuses."""
+    from data_pipeline.loading.dali_loader import _culprits
+
+    where = _damaged_copy(color_shards, tmp_path / "shards", "corrupt body")
+    bad_id = int(where.split(" key ")[1])
+    config = LoaderConfig(batch_size=8, backend="dali", num_threads=1, augment=AugmentConfig(image_size=16),
+                          on_bad_sample="skip")
+    reader = build_loader(tmp_path / "shards", config, 0, 1, CPU, train=True).reader
+    step = next(s for s in range(1, 6) if bad_id in reader.sampler.step(0, s).ids[0])
+    before, failed = (reader.read(0, s).samples for s in (step - 1, step))
+    place = failed.ids.tolist().index(bad_id)
+    found = _culprits(reader, [failed], RuntimeError(f"Error in CPU operator\nFailed to decode sample #{place} : "))
+    assert found is not None and found[0] == step and list(found[1]) == [bad_id] and found[1][bad_id].startswith(where)
+    other = (place + 1) % len(failed.ids)
+    assert _culprits(reader, [failed], RuntimeError(f"Failed to decode sample #{other} : ")) is None
+    assert _culprits(reader, [before, failed], RuntimeError("a message naming no sample")) == found
 
 
 @pytest.mark.parametrize("train", [True, False])

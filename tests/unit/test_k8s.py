@@ -25,19 +25,15 @@ from tests.helpers.k8s_manifests import (
     rendered,
     training_pods,
 )
+from tests.helpers.manifest_validation import KUBERNETES_VERSION, VENDORED_CRDS, validate_manifest
 from trainer.observability.metrics import METRIC_NAMES
 
-KUBERNETES_VERSION = "1.31.0"
-# Each custom resource's real CRD schema, vendored with its source and release (k8s/schemas/README.md)
-VENDORED_CRDS = {"TrainJob": "trainer.kubeflow.org_trainjobs.v2.3.0.json",
-                 "ClusterTrainingRuntime": "trainer.kubeflow.org_clustertrainingruntimes.v2.3.0.json",
-                 "PyTorchJob": "kubeflow.org_pytorchjobs.v1.9.0.json",
-                 "PodMonitor": "monitoring.coreos.com_podmonitors.v0.93.0.json"}
 # The oldest driver branch that runs each CUDA major version (NVIDIA's CUDA release notes and its
 # data-center driver support matrix: R580 is the first branch with CUDA 13.x).
 MIN_DRIVER_FOR_CUDA = {13: 580}
 # The series a panel may query: each exported metric, and a histogram's _bucket/_sum/_count.
-PANEL_METRICS = {*METRIC_NAMES, *(f"instcls_step_duration_seconds_{part}" for part in ("bucket", "sum", "count"))}
+PANEL_METRICS = {*METRIC_NAMES, *(f"{histogram}_{part}" for part in ("bucket", "sum", "count")
+                                  for histogram in ("instcls_step_duration_seconds", "instcls_shard_read_seconds"))}
 # What the dashboard must show (the brief), as the PromQL that computes it.
 _STEP = r"instcls_step_duration_seconds"
 BRIEF_QUERIES = {
@@ -53,6 +49,8 @@ BRIEF_QUERIES = {
     "eta": rf"instcls_epochs_planned\b.*instcls_steps_per_epoch\b.*{_STEP}_sum\b",
     "knn accuracy": r"\binstcls_eval_knn_accuracy\b",
     "step time by phase": r"sum by \(phase\) \(rate\(instcls_step_phase_seconds_total\b",
+    "shard read latency p99": r"histogram_quantile\(0\.99, .*rate\(instcls_shard_read_seconds_bucket\b",
+    "shard read retries": r"rate\(instcls_shard_read_retries_total\b",
 }
 
 
@@ -60,15 +58,8 @@ def test_every_manifest_validates():
     kinds = set()
     assert {"indexed-job", "pytorchjob", "make-shards"} <= set(OVERLAYS)
     for _, document in all_documents():
-        kind = document["kind"]
-        kinds.add(kind)
-        if kind in VENDORED_CRDS:  # the real CRD schema, every object closed (tests/helpers/crd_schemas.py)
-            validate_closed(document, vendored(VENDORED_CRDS[kind])["openAPIV3Schema"])
-            for template in pod_templates(document):
-                kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
-                                              "template": template}, KUBERNETES_VERSION, strict=True)
-        else:
-            kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
+        kinds.add(document["kind"])
+        validate_manifest(document)  # custom resources: the real CRD schema, every object closed
     assert {"Job", "Service", "ConfigMap", "PersistentVolumeClaim", "PodMonitor", "PyTorchJob", "TrainJob",
             "ClusterTrainingRuntime"} <= kinds
 
@@ -125,7 +116,8 @@ def test_dashboard_queries_only_exported_metrics_and_covers_the_brief():
     used = set()
     for query in queries:
         for name in re.findall(r"instcls_[a-z_]+", query):
-            used.add(re.sub(r"_(bucket|sum|count)$", "", name) if "step_duration_seconds" in name else name)
+            histogram = "step_duration_seconds" in name or "shard_read_seconds" in name
+            used.add(re.sub(r"_(bucket|sum|count)$", "", name) if histogram else name)
     assert used and used <= set(METRIC_NAMES), used - set(METRIC_NAMES)
     # Every panel queries something: each of its expressions names an exported metric.
     for panel in dashboard["panels"]:

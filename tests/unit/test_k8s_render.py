@@ -292,3 +292,82 @@ def test_the_renderer_refuses_replacements_that_would_not_land(tmp_path):
               f"resources: [../job.yaml]\nreplacements:\n- {entry}\nsortOptions: {{order: fifo}}\n")
         with pytest.raises(renderer.UnsupportedKustomization, match=message):
             renderer.render(tmp_path / name)
+
+
+def _component_patching_some_targets(tmp_path, component_ops: str):
+    """A component whose patches name two workloads, only one of which the overlay holds: the other
+    patch selects nothing, which kustomize skips (one component serves several overlays)."""
+    write(tmp_path / "base/kustomization.yaml", "resources: [job.yaml]\n")
+    write(tmp_path / "base/job.yaml", """\
+        apiVersion: batch/v1
+        kind: Job
+        metadata: {name: train}
+        spec:
+          template:
+            spec:
+              containers:
+              - {name: main, image: app, envFrom: [{configMapRef: {name: first}}]}
+        """)
+    write(tmp_path / "component/kustomization.yaml", textwrap.dedent("""\
+        apiVersion: kustomize.config.k8s.io/v1alpha1
+        kind: Component
+        patches:
+        - target: {kind: PyTorchJob, name: train}
+          patch: |-
+            - {op: test, path: /spec/pytorchReplicaSpecs/Master/template/spec/containers/0/name, value: main}
+        - target: {kind: Job, name: train}
+          patch: |-
+        """) + textwrap.indent(component_ops, " " * 4))
+    write(tmp_path / "top/kustomization.yaml", """\
+        resources: [../base]
+        components: [../component]
+        sortOptions: {order: fifo}
+        """)
+    return tmp_path / "top"
+
+
+PASSING_OPS = """\
+- {op: test, path: /spec/template/spec/containers/0/name, value: main}
+- {op: test, path: /spec/template/spec/containers/0/envFrom/0, value: {configMapRef: {name: first}}}
+- {op: add, path: /spec/template/spec/containers/0/envFrom/-, value: {secretRef: {name: keys, optional: false}}}
+"""
+
+
+def test_a_component_patch_may_select_nothing_and_tests_before_it_edits(tmp_path):
+    (job,) = load_renderer().render(_component_patching_some_targets(tmp_path, PASSING_OPS))
+    assert job["spec"]["template"]["spec"]["containers"][0]["envFrom"] == [
+        {"configMapRef": {"name": "first"}}, {"secretRef": {"name": "keys", "optional": False}}]
+
+
+@needs_kubectl
+def test_the_renderer_runs_component_patches_as_kubectl_does(tmp_path):
+    top = _component_patching_some_targets(tmp_path, PASSING_OPS)
+    assert load_renderer().render(top) == kubectl_kustomize(top)
+
+
+@pytest.mark.parametrize("ops, message", [
+    ("- {op: test, path: /spec/template/spec/containers/0/name, value: sidecar}\n",
+     r"patch test failed: /spec/template/spec/containers/0/name is 'main', not 'sidecar'"),
+    ("- {op: test, path: /spec/template/spec/containers/1/name, value: main}\n",
+     r"patch test failed: /spec/template/spec/containers/1/name is missing, not 'main'"),
+    ("- {op: test, path: /spec/template/spec/nodeName, value: a}\n", r"/spec/template/spec/nodeName is missing"),
+])
+def test_a_failed_patch_test_stops_the_render(tmp_path, ops, message):
+    """As in kustomize, whose build fails on each of these (checked where kubectl is installed)."""
+    top = _component_patching_some_targets(tmp_path, ops)
+    renderer = load_renderer()
+    with pytest.raises(renderer.UnsupportedKustomization, match=message):
+        renderer.render(top)
+    if shutil.which("kubectl"):
+        with pytest.raises(AssertionError, match=r"test operation does not apply|testing value \S+ failed"):
+            kubectl_kustomize(top)
+
+
+def test_a_component_none_of_whose_patches_lands_is_refused(tmp_path):
+    """kustomize would render the overlay unchanged; a component included where none of its targets is
+    (a renamed workload, the wrong overlay) means settings silently missing, so the renderer refuses."""
+    top = _component_patching_some_targets(tmp_path, PASSING_OPS)
+    (tmp_path / "base/job.yaml").write_text((tmp_path / "base/job.yaml").read_text().replace("name: train", "name: x"))
+    renderer = load_renderer()
+    with pytest.raises(renderer.UnsupportedKustomization, match=r"component: none of the component's patch targets"):
+        renderer.render(top)

@@ -318,6 +318,7 @@ ZERO_WITH_A_CONFIG = {
     "--top-k": ("override", IN1K, [], "objective.smoothing_alpha=0"),  # no hard negatives: the smoothing off
     "--zero-stage": ("refused", "2"),
     "--gpu-memory-gib": ("below minimum", "> 0"),
+    "--eval-images-per-second": ("below minimum", "> 0"),
     **{flag: ("below minimum", ">= 1") for flag in ("--num-classes", "--ranks", "--batch", "--views", "--dim",
                                                      "--chunk-size", "--image-size", "--patch-size")},
 }

@@ -142,3 +142,18 @@ def test_anonymous_reads_from_an_open_server_and_refused_by_a_signing_one(s3_env
         assert remote.read_jpeg(7) == SampleTable(color_shards).read_jpeg(7)
     finally:
         open_server.stop()
+
+
+def test_the_command_line_exits_1_for_an_unreachable_store_and_2_for_a_missing_set(s3_env, colors_on_s3, capsys):
+    """exit 1 (the Job's counted retry) when the store does not answer; exit 2 when the input is wrong."""
+    from trainer.cli import main
+
+    common = ["plan", "--config", "configs/digits_cpu.yaml", "--ranks", "2"]
+    endpoint = "data.storage.endpoint_url=http://127.0.0.1:9"
+    quick = "data.storage.connect_timeout_s=1"
+    assert main([*common, "--set", f"data.train_shards={colors_on_s3}", "--set", endpoint, "--set", quick]) == 1
+    printed = capsys.readouterr().err.strip().splitlines()
+    assert printed[-1].startswith("instcls: error: s3://instcls-reads/sets/colors/manifest.json: cannot read at "
+                                  "http://127.0.0.1:9"), printed
+    assert main([*common, "--set", "data.train_shards=s3://instcls-reads/sets/none"]) == 2
+    assert "data.train_shards=s3://instcls-reads/sets/none has no manifest.json" in capsys.readouterr().err

@@ -58,12 +58,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except Exception as error:
-        if not isinstance(error, _errors_users_fix()):
+        code = _code_of(error)
+        if code is None:
             raise
         line = f"instcls: error: {error}"
         print(line, file=sys.stderr)
         record_failure_cause(line)  # `instcls launch` ends with it, after every peer's traceback
-        return ExitCode.BAD_INPUT
+        return code
+
+
+def _code_of(error: Exception) -> int | None:
+    """The exit code of an error whose message says it all (printed as one line, not a traceback),
+    or None for any other."""
+    from data_pipeline.storage.storage_errors import StorageUnavailableError
+
+    if isinstance(error, StorageUnavailableError):  # the store is down: the Job's counted retry resumes the run
+        return ExitCode.CRASHED
+    return ExitCode.BAD_INPUT if isinstance(error, _errors_users_fix()) else None
 
 
 def _errors_users_fix() -> tuple[type[Exception], ...]:

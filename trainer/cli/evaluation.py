@@ -38,6 +38,7 @@ def register(commands) -> None:
 
 
 def _run_eval(args: argparse.Namespace) -> int:
+    from data_pipeline.contract import use_storage_settings
     from trainer.checkpoint.checkpoint_files import load_model_weights
     from trainer.checkpoint.run_fingerprint import refuse_another_jobs_checkpoint, run_fingerprint
     from trainer.config import load_job_config
@@ -51,10 +52,12 @@ def _run_eval(args: argparse.Namespace) -> int:
             raise ValueError("--checkpoint random-init builds the untrained network from the config's seed: pass "
                              "--config FILE")
         config = load_job_config(args.config, args.overrides)
+        use_storage_settings(config.data.storage)
         require_eval_shards(config, args.config)
         checkpoint, model = "random-init", random_init_model(config)
     else:
         checkpoint, config = checkpoint_and_config(args.checkpoint, args.config, args.overrides)
+        use_storage_settings(config.data.storage)
         require_eval_shards(config, args.config or checkpoint / "run.json")
         check_bank_is_training_data(config, checkpoint)
         refuse_another_jobs_checkpoint(checkpoint, run_fingerprint(config, num_instances=0), model_only=True)

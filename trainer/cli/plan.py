@@ -83,6 +83,10 @@ def register(commands) -> None:
     parser.add_argument("--top-k", type=_at_least(0),
                         help="hard negatives per sample with top-K smoothing (0: none): the fused path's target rows"
                         + default_help("top_k"))
+    parser.add_argument("--eval-images-per-second", type=_positive_float,
+                        help="with --config: images one rank extracts features of per second, for the "
+                        "evaluation's time (default 3,500: the GPU target for one 224 px view of docs/benchmarks.md; "
+                        "`instcls bench eval` measures it)")
     parser.add_argument("--json", type=Path, help="also write the plan (bytes per term, per mode; every ZeRO stage's "
                         "total and the stage recommended) to this JSON file")
     parser.set_defaults(handler=_run_plan)
@@ -141,7 +145,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     capacity = int(args.gpu_memory_gib * GIB)
     print(format_plan(plan, capacity))
     if config is not None:  # the end-of-run evaluation at the job's N
-        from trainer.planning.evaluation_plan import evaluation_plan_lines
+        from trainer.planning.evaluation_plan import EXTRACTION_IMAGES_PER_SECOND, evaluation_plan_lines
         from trainer.planning.plan_from_config import num_instances_of
 
         try:
@@ -149,7 +153,8 @@ def _run_plan(args: argparse.Namespace) -> int:
         except ValueError:  # N is not needed for the training plan of every objective
             print("evaluation: not planned (the training shards are not on this machine: give --num-classes N)")
         else:
-            print("\n".join(evaluation_plan_lines(config, args.ranks, bank_rows)))
+            rate = args.eval_images_per_second or EXTRACTION_IMAGES_PER_SECOND
+            print("\n".join(evaluation_plan_lines(config, args.ranks, bank_rows, rate)))
     if args.json:
         args.json.write_text(json.dumps(plan_modes(plan, capacity), indent=2))
     return 0

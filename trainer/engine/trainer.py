@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from data_pipeline.contract import ShardManifest, build_loader
+from data_pipeline.contract import build_loader, load_manifest, use_storage_settings
 from trainer.checkpoint.async_checkpoint import AsyncCheckpointer
 from trainer.checkpoint.batch_norm_state import BatchNormState
 from trainer.checkpoint.checkpoint_files import read_trainer_meta, resolve_resume_on_rank0
@@ -102,7 +102,8 @@ class Trainer:
         self.record.started(what_runs(dims))
         if config.logging.metrics_port:  # first, so a taken port stops the job before minutes of set-up
             self.metrics.serve(config.logging.metrics_port + dims.local_rank, config.logging.metrics_bind)
-        manifest = ShardManifest.load(config.data.train_shards)
+        use_storage_settings(config.data.storage)  # how this process reaches s3:// shard sets
+        manifest = load_manifest(config.data.train_shards)
         self.num_instances = manifest.num_instances
         # The checkpoint first: its global batch sets this run's per-rank batch on any world size.
         resumed = resolve_resume_on_rank0(resume, config.checkpoint.dir, dims, self._say)
@@ -312,6 +313,8 @@ class Trainer:
             data_wait = time.perf_counter() - wait_start
             if batch.skipped:
                 self.record.skipped(batch.skipped, state.global_step + 1)
+            if batch.reads is not None:
+                self.metrics.add_reads(batch.reads)
             step_start = time.perf_counter()
             self.phases.begin()
             log_step = (state.global_step + 1) % config.logging.log_every == 0 or state.global_step == 0

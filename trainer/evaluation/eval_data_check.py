@@ -20,7 +20,7 @@ from trainer.evaluation.bank_subset import bank_subset_ids
 
 def _labels(shard_dir: Path, field: str, bank_samples: int | None = None, subset_seed: int = 0) -> np.ndarray:
     try:
-        table = sample_table(Path(shard_dir))
+        table = sample_table(shard_dir)
     except FileNotFoundError as error:
         raise ValueError(f"{field}={shard_dir}: {error}") from None
     ids = (np.arange(table.num_samples) if bank_samples is None

@@ -68,7 +68,7 @@ def bank_sampler(shard_dir: Path, eval_section, dims: ParallelDims, batch_size: 
     """The sampler of ``eval.bank_samples``'s fixed subset, or None for the whole shard set."""
     if eval_section.bank_samples is None:
         return None
-    ids = bank_subset_ids(sample_table(Path(shard_dir)).num_samples, eval_section.bank_samples,
+    ids = bank_subset_ids(sample_table(shard_dir).num_samples, eval_section.bank_samples,
                           eval_section.bank_subset_seed)
     return SubsetSampler(ids, dims.world_size, batch_size)
 

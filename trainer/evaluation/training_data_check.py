@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from data_pipeline.contract import MANIFEST_NAME
-from trainer.provenance import file_sha256, read_provenance
+from data_pipeline.contract import MANIFEST_NAME, has_manifest, manifest_sha256
+from trainer.provenance import read_provenance
 
 
 def check_bank_is_training_data(config, checkpoint: Path) -> None:
@@ -26,13 +26,13 @@ def check_bank_is_training_data(config, checkpoint: Path) -> None:
     recorded = trained_on.get("digest")
     if not recorded:
         return
-    shards = Path(config.data.train_shards)
+    shards = config.data.train_shards
     other_bank = "or --set data.knn_bank_shards=PATH to bank on another labelled shard set"
-    if not (shards / MANIFEST_NAME).is_file():
+    if not has_manifest(shards):
         raise FileNotFoundError(f"data.train_shards={shards} (the kNN bank, as data.knn_bank_shards is unset) has no "
                                 f"{MANIFEST_NAME} here: pass --set data.train_shards=PATH where this machine holds the "
                                 f"run's training shards (manifest {recorded}), {other_bank}")
-    found = file_sha256(shards / MANIFEST_NAME)
+    found = manifest_sha256(shards)
     if found != recorded:
         raise ValueError(f"data.train_shards={shards} holds other shards than checkpoint {checkpoint} was trained on "
                          f"(manifest {found} here, {recorded} in its run.json), and it is the kNN bank as "

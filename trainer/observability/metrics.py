@@ -15,6 +15,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from trainer.observability.exporter import serve_bounded
 
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# A sample read: microseconds from a page cache, milliseconds from a disk or a bucket in the same
+# zone, tens to hundreds of milliseconds from a distant or struggling store.
+READ_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 
 # Every metric the exporter serves; the Grafana dashboard test checks its queries against this.
 METRIC_NAMES = (
@@ -35,6 +38,12 @@ METRIC_NAMES = (
     "instcls_eval_knn_accuracy",
     "instcls_eval_failed",
     "instcls_bad_samples_skipped_total",
+    "instcls_shard_read_requests_total",
+    "instcls_shard_read_bytes_total",
+    "instcls_shard_read_retries_total",
+    "instcls_shard_read_errors_total",
+    "instcls_shard_opens_total",
+    "instcls_shard_read_seconds",
     "instcls_nonfinite_steps_skipped_total",
     "instcls_world_size",
     "instcls_restarts",
@@ -67,6 +76,18 @@ class TrainingMetrics:
             "backward, optimizer, checkpoint), on the device's clock.", labels + ["phase"], registry=r)
         self.bad_samples = counter("instcls_bad_samples_skipped_total",
                                    "Unreadable samples skipped (data.loader.on_bad_sample: skip).")
+        # What reading the shards asked of their store (a directory or s3://), counted where the
+        # reads ran (DataLoader workers included) and carried here with each batch.
+        self.read_requests = counter("instcls_shard_read_requests_total",
+                                     "Sample reads sent to the shard store (pread calls, or ranged GETs on s3://).")
+        self.read_bytes = counter("instcls_shard_read_bytes_total", "Bytes read from the shard store.")
+        self.read_retries = counter("instcls_shard_read_retries_total",
+                                    "Store requests retried after no answer (refused, reset, timed out, 5xx).")
+        self.read_errors = counter("instcls_shard_read_errors_total",
+                                   "Store requests that failed for good (after their retries).")
+        self.shard_opens = counter("instcls_shard_opens_total", "Shard files opened (a local set keeps them open).")
+        self.read_seconds = Histogram("instcls_shard_read_seconds", "Latency of one sample read from the shard store.",
+                                      labels, buckets=READ_BUCKETS, registry=r).labels(self.rank)
         self.nonfinite_skipped = counter(
             "instcls_nonfinite_steps_skipped_total",
             "Steps dropped because a rank's loss was NaN or inf (optim.on_nonfinite: skip_step).",
@@ -109,6 +130,16 @@ class TrainingMetrics:
     def add_phases(self, seconds: dict[str, float]) -> None:
         for phase, value in seconds.items():
             self.phase_seconds.labels(self.rank, phase).inc(value)
+
+    def add_reads(self, reads) -> None:
+        """A step's ``StatsSnapshot`` of store reads."""
+        self.read_requests.inc(reads.requests)
+        self.read_bytes.inc(reads.bytes)
+        self.read_retries.inc(reads.retries)
+        self.read_errors.inc(reads.errors)
+        self.shard_opens.inc(reads.opens)
+        for seconds in reads.latencies_s.tolist():
+            self.read_seconds.observe(seconds)
 
     def set_memory(self, readings: dict[str, int]) -> None:
         for kind, value in readings.items():

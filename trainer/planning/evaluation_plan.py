@@ -1,5 +1,6 @@
 """`instcls plan --config`: what the job's evaluation holds per rank at the end of the run, the linear
-probe at the job's N by its method (``eval.linear``), next to the kNN it runs beside."""
+probe at the job's N by its method (``eval.linear``), next to the kNN it runs beside, and how long
+extracting its features takes at a stated rate."""
 
 from __future__ import annotations
 
@@ -17,6 +18,15 @@ ASSUMED_CLASSES = 1000  # when the bank's manifest is not on this machine or nam
 
 ASSUMED_QUERIES = 50_000  # ImageNet's validation set, when the eval shards' manifest is not here
 
+# Images one GPU rank runs through feature extraction per second (inference loader + backbone forward),
+# when `instcls plan --eval-images-per-second` does not say.  docs/benchmarks.md's GPU target for one
+# 224 px view of ResNet-50 on an H100 (">= 3,500 images/s"); docs/gpu-results.md section 4 bounds it
+# from measurements on an H200: the forward of 128 views took 16 ms (8,000 views/s), so the loader sets
+# the pace, and the torchvision loader alone delivered 3,576 images/s.  A target, not a measured
+# extraction: `instcls bench eval` on the job's machine gives the figure to pass instead.
+EXTRACTION_IMAGES_PER_SECOND = 3_500.0
+END_OF_RUN_NETWORKS = 2  # the trained network and its random init, each extracts the bank and the queries
+
 
 def _manifest(shards: Path | None) -> dict:
     try:
@@ -32,9 +42,43 @@ def _feature_width(model_config) -> int:
         return get_backbone(model_config.arch).build(model_config).width
 
 
-def evaluation_plan_lines(config, ranks: int, bank_rows: int) -> list[str]:
+def extraction_seconds(images: int, ranks: int, images_per_second: float, networks: int = 1) -> float:
+    """Wall time for ``networks`` networks to extract features of ``images`` images, shared evenly by
+    ``ranks`` ranks that each extract ``images_per_second``."""
+    return networks * images / (ranks * images_per_second)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:,.1f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:,.1f} min"
+    return f"{seconds / 3600:,.1f} h"
+
+
+def evaluation_time_lines(section, ranks: int, rows: int, queries: int, images_per_second: float) -> list[str]:
+    """How long the evaluation's feature extraction takes (kNN scoring and the probe's fit not counted).
+    The end of the run is counted with both networks: the random init's kNN, cached by an evaluation
+    while training in the same process, is extracted again when the linear probe runs or after a resume."""
+    rate = f"{images_per_second:,.0f} images/s per rank over {ranks:,} ranks"
+    both = f"{END_OF_RUN_NETWORKS} networks (trained, random init) x (bank {rows:,} + queries {queries:,}) images"
+    if section.knn_at_end or section.linear_at_end:
+        seconds = extraction_seconds(rows + queries, ranks, images_per_second, END_OF_RUN_NETWORKS)
+        lines = [f"  time at the end: {both} at {rate} ≈ {_duration(seconds)} of feature extraction"]
+    else:
+        lines = ["  time at the end: none (eval.knn_at_end and eval.linear_at_end are false)"]
+    if section.every_epochs:
+        seconds = extraction_seconds(rows + queries, ranks, images_per_second)
+        lines.append(f"  every {section.every_epochs} epoch(s) while training: the trained network, "
+                     f"{_duration(seconds)} each (the first evaluation also the random init)")
+    return lines
+
+
+def evaluation_plan_lines(config, ranks: int, bank_rows: int,
+                          images_per_second: float = EXTRACTION_IMAGES_PER_SECOND) -> list[str]:
     """The lines ``instcls plan`` prints for the end-of-run evaluation of ``config`` on ``ranks``,
-    with a bank of ``bank_rows`` samples (``eval.bank_samples`` caps it)."""
+    with a bank of ``bank_rows`` samples (``eval.bank_samples`` caps it), its extraction timed at
+    ``images_per_second`` per rank."""
     section = config.eval
     if config.data.eval_shards is None:
         return ["evaluation: off (data.eval_shards is unset)"]
@@ -48,6 +92,7 @@ def evaluation_plan_lines(config, ranks: int, bank_rows: int) -> list[str]:
     knn = knn_peak_bytes(queries, rows, width, section.knn_k, ranks, bank_element_bytes=element_bytes, classes=classes)
     lines = [f"evaluation: a bank of {rows:,} samples x {width} features, {classes:,} classes ({source}), "
              f"{queries:,} held-out samples",
+             *evaluation_time_lines(section, ranks, rows, queries, images_per_second),
              f"  kNN per rank: {knn / MIB:,.1f} MiB"]
     at_end = "at the end of the run" if section.linear_at_end else "in `instcls eval linear` (linear_at_end: false)"
     linear = section.linear

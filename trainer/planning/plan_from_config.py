@@ -7,8 +7,6 @@ its own description (``ObjectiveConfig.memory_plan``); an objective without one 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from trainer.config import JobConfig
 from trainer.config_deepspeed import load_deepspeed_config
 from trainer.planning.plan_input import PlanInput, deepspeed_settings
@@ -18,13 +16,14 @@ def num_instances_of(config: JobConfig, num_classes: int | None) -> int:
     """N: ``num_classes`` when given, else the size of the config's training shard set."""
     if num_classes is not None:
         return num_classes
-    from data_pipeline.shardset.manifest import MANIFEST_NAME, ShardManifest
+    from data_pipeline.contract import MANIFEST_NAME, has_manifest, load_manifest, use_storage_settings
 
-    shards = Path(config.data.train_shards)
-    if not (shards / MANIFEST_NAME).is_file():
-        raise ValueError(f"data.train_shards={shards} has no {MANIFEST_NAME} on this machine: give the number of "
-                         "samples with --num-classes N")
-    return ShardManifest.load(shards).num_instances
+    shards = config.data.train_shards
+    use_storage_settings(config.data.storage)
+    if not has_manifest(shards):
+        raise ValueError(f"data.train_shards={shards} has no {MANIFEST_NAME} reachable from this machine: give the "
+                         "number of samples with --num-classes N")
+    return load_manifest(shards).num_instances
 
 
 def plan_input_from_config(config: JobConfig, ranks: int, num_classes: int | None) -> PlanInput:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from data_pipeline.contract import MANIFEST_NAME, ShardManifest
+from data_pipeline.contract import load_manifest, manifest_sha256
 
 _BLOCK = 8 << 20
 
@@ -20,10 +20,8 @@ def file_sha256(path: Path) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
-def manifest_digest(shards: Path) -> dict[str, object]:
+def manifest_digest(shards) -> dict[str, object]:
     """``{path, digest, images}`` of a shard set: the digest of its ``manifest.json`` (which lists
     every shard's SHA-256 and the sample table's, so equal digests mean the same data in the same
     order of ids) and its number of images."""
-    manifest = ShardManifest.load(shards)
-    return {"path": str(shards), "digest": file_sha256(Path(shards) / MANIFEST_NAME),
-            "images": manifest.num_instances}
+    return {"path": str(shards), "digest": manifest_sha256(shards), "images": load_manifest(shards).num_instances}
