@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -63,24 +65,34 @@ class IngestPlan:
     settings: dict = field(default_factory=dict)
     format: str = PLAN_FORMAT
 
-    def save_or_check(self, out_dir: Path) -> None:
-        """Write the plan, or check that the one in ``out_dir`` is this one."""
+    def save_or_check(self, out_dir: Path, fix: str | None = None) -> None:
+        """Write the plan, or check that the one in ``out_dir`` is this one (``fix``: what the error
+        says to do when it is not; by default, finish it or write elsewhere)."""
         path = ingest_dir(out_dir) / PLAN_NAME
         if path.is_file():
-            found = json.loads(path.read_text())
-            mine = json.loads(json.dumps(asdict(self)))  # tuples as lists, like the file
-            # The source's name holds its path, which may differ between machines that mount the
-            # same data elsewhere; the listing digest is what must agree.
-            differing = sorted(key for key in mine.keys() | found.keys()
-                               if key != "source" and mine.get(key) != found.get(key))
-            if differing:
-                details = "; ".join(f"{key}: there {_short(found.get(key))}, now {_short(mine.get(key))}"
-                                    for key in differing)
-                raise ValueError(f"{path} plans another ingest ({details}); run with the same inputs and settings "
-                                 f"to finish it, or write to another --out (or delete {Path(out_dir)})")
+            self.check_against(json.loads(path.read_text()), str(path), fix or (
+                f"run with the same inputs and settings to finish it, or write to another --out (or delete "
+                f"{Path(out_dir)})"))
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomically(path, json.dumps(asdict(self), indent=1).encode())
+        _write_atomically(path, self.to_bytes())
+
+    def to_bytes(self) -> bytes:
+        """The plan file's bytes."""
+        return json.dumps(asdict(self), indent=1).encode()
+
+    def check_against(self, found: dict, where: str, fix: str) -> None:
+        """``ValueError`` naming ``where`` and every differing field unless the plan ``found``
+        there is this one."""
+        mine = json.loads(json.dumps(asdict(self)))  # tuples as lists, like the file
+        # The source's name holds its path, which may differ between machines that mount the
+        # same data elsewhere; the listing digest is what must agree.
+        differing = sorted(key for key in mine.keys() | found.keys()
+                           if key != "source" and mine.get(key) != found.get(key))
+        if differing:
+            details = "; ".join(f"{key}: there {_short(found.get(key))}, now {_short(mine.get(key))}"
+                                for key in differing)
+            raise ValueError(f"{where} plans another ingest ({details}); {fix}")
 
     @classmethod
     def load(cls, out_dir: Path) -> "IngestPlan":
@@ -109,9 +121,14 @@ def ingest_dir(out_dir: Path) -> Path:
     return Path(out_dir) / INGEST_DIR
 
 
+def record_names(number: int) -> tuple[str, str]:
+    """The record files of shard ``number``, relative to the output directory: ``(json, npy)``."""
+    return f"{INGEST_DIR}/{number:06d}.json", f"{INGEST_DIR}/{number:06d}.npy"
+
+
 def _record_paths(out_dir: Path, number: int) -> tuple[Path, Path]:
-    base = ingest_dir(out_dir) / f"{number:06d}"
-    return base.with_suffix(".json"), base.with_suffix(".npy")
+    json_name, npy_name = record_names(number)
+    return Path(out_dir) / json_name, Path(out_dir) / npy_name
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
@@ -138,18 +155,25 @@ def save_record(out_dir: Path, record: ShardRecord, rows: np.ndarray) -> None:
     _write_atomically(json_path, json.dumps(asdict(record)).encode())  # last: the shard is done
 
 
-def finished_record(out_dir: Path, number: int) -> ShardRecord | None:
+def finished_record(out_dir: Path, number: int,
+                    tar_bytes: Callable[[str], int | None] | None = None) -> ShardRecord | None:
     """The record of shard ``number``, or None if the shard is not done (no record, or its tar is
-    missing or of another size than when it was written)."""
+    missing or of another size than when it was written).  ``tar_bytes(relative)``: the size of
+    the tar where the set lives, None if it is not there (default: the file's in ``out_dir``)."""
     json_path, _ = _record_paths(out_dir, number)
     if not json_path.is_file():
         return None
     record = ShardRecord(**json.loads(json_path.read_text()))
     if record.tar is not None:
-        tar = Path(out_dir) / record.tar
-        if not tar.is_file() or tar.stat().st_size != record.tar_bytes:
+        size = (tar_bytes or partial(_local_size, Path(out_dir)))(record.tar)
+        if size != record.tar_bytes:
             return None
     return record
+
+
+def _local_size(out_dir: Path, relative: str) -> int | None:
+    path = out_dir / relative
+    return path.stat().st_size if path.is_file() else None
 
 
 def load_rows(out_dir: Path, record: ShardRecord) -> np.ndarray:

@@ -21,12 +21,13 @@ from pathlib import Path
 from PIL import Image
 
 from data_pipeline.ingest.ingest_state import IngestPlan, Part, ShardRecord, save_record
-from data_pipeline.ingest.parallel_ingest import run_ingest
+from data_pipeline.ingest.parallel_ingest import open_target, run_ingest
 from data_pipeline.ingest.shard_writer import BadImageError
 from data_pipeline.shardset.manifest import ShardManifest
 from data_pipeline.shardset.table_file import MAX_IMAGE_BYTES, empty_rows, sha256_of
 from data_pipeline.shardset.tar_index import scan_tar, write_dali_index
 from data_pipeline.shardset.tar_labels import IMAGE_EXTENSIONS, LABEL_EXTENSION, image_component, parse_label
+from data_pipeline.storage.shard_url import is_s3
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,12 @@ def index_tars(root: Path, out_dir: Path, labels: bool = False, image_extensions
                on_bad_image: str = "error", workers: int = 0, progress: bool = True,
                part: Part = Part()) -> ShardManifest | None:
     """Index the tars under ``root`` into a shard set in ``out_dir`` (see the module docstring)."""
+    if is_s3(out_dir):
+        raise ValueError(f"--out {out_dir}: --source tars indexes the tars where they are, so the set's files must "
+                         "lie beside them; index them on disk (--out beside --root), then copy the tars' folder and "
+                         "--out to S3 together, keeping their relative layout")
     root, out_dir = Path(root).resolve(), Path(out_dir)
+    target = open_target(out_dir)
     if on_bad_image not in ("error", "skip"):
         raise ValueError(f"--on-bad-image {on_bad_image!r}: choose 'error' or 'skip'")
     unknown = [extension for extension in image_extensions if extension not in IMAGE_EXTENSIONS]
@@ -137,5 +143,5 @@ def index_tars(root: Path, out_dir: Path, labels: bool = False, image_extensions
         return TarJob(str(out_dir), number, str(root / tars[number]), tars[number][:-len(".tar")] + ".idx", labels,
                       tuple(image_extensions), on_bad_image)
 
-    return run_ingest(out_dir, plan, part, make_job, index_tar, weight=lambda number: sizes[number], unit="B",
+    return run_ingest(target, plan, part, make_job, index_tar, weight=lambda number: sizes[number], unit="B",
                       workers=workers, progress=progress, shard_names=lambda number: tars[number][:-len(".tar")])

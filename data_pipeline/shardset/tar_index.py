@@ -13,6 +13,7 @@ import os
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 INDEX_VERSION = "v1.2"
 FIELDS_PER_COMPONENT = 4  # extension, offset, size, member name
@@ -43,10 +44,12 @@ def split_name(name: str) -> tuple[str, str] | None:
     return name[:dot], name[dot + 1:]
 
 
-def scan_tar(path: Path) -> list[TarSample]:
-    """The samples of ``path`` in member order (only headers are read)."""
+def scan_tar(path: Path | BinaryIO) -> list[TarSample]:
+    """The samples of ``path`` (a file, or a seekable binary file object) in member order (only
+    headers are read)."""
     samples: list[TarSample] = []
-    with tarfile.open(path, mode="r:") as archive:
+    source = {"fileobj": path} if hasattr(path, "read") else {"name": path}
+    with tarfile.open(mode="r:", **source) as archive:
         for member in archive:
             if not member.isfile():
                 continue

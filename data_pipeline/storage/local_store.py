@@ -14,7 +14,6 @@ workers fork.  Handles a worker opens itself close when the worker exits at the 
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 
 from data_pipeline.storage.open_files import ensure_open_files
@@ -25,7 +24,6 @@ class LocalStore:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self._handles: dict[str, int] = {}
-        self._lock = threading.Lock()
         self._room_for = 0
 
     # Sample reads a step issues at once: None keeps the loader's own thread count (a local disk).
@@ -44,12 +42,13 @@ class LocalStore:
         handle = self._handles.get(relative)
         if handle is not None:
             return handle
-        with self._lock:
-            handle = self._handles.get(relative)
-            if handle is None:
-                handle = os.open(self.root / relative, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                read_stats().count("opens")
-                self._handles[relative] = handle
+        # No lock (a lock held by a reading thread at a DataLoader fork would stay locked in the
+        # worker): two threads opening one shard keep the first handle and close the other.
+        opened = os.open(self.root / relative, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        read_stats().count("opens")
+        handle = self._handles.setdefault(relative, opened)
+        if handle != opened:
+            os.close(opened)
         return handle
 
     def open_all(self, relatives: list[str]) -> None:
@@ -75,7 +74,6 @@ class LocalStore:
         return self.root / relative
 
     def close(self) -> None:
-        with self._lock:
-            for handle in self._handles.values():
-                os.close(handle)
-            self._handles.clear()
+        handles, self._handles = self._handles, {}
+        for handle in handles.values():
+            os.close(handle)

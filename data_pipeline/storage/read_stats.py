@@ -4,6 +4,7 @@ Prometheus exporter and ``instcls bench data`` read it."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import deque
@@ -88,8 +89,8 @@ class ReadStats:
         with self._lock:
             requests, size, opens, retries, errors, latency_sum = mark
             new = self.requests - requests
-            latencies = np.array([self._latencies[i] for i in range(max(0, len(self._latencies) - new),
-                                                                     len(self._latencies))]) if new > 0 else np.empty(0)
+            latest = list(itertools.islice(reversed(self._latencies), new)) if new > 0 else []
+            latencies = np.array(latest[::-1], dtype=np.float64)
             return StatsSnapshot(new, self.bytes - size, self.opens - opens, self.retries - retries,
                                  self.errors - errors, self.in_flight, self.peak_in_flight,
                                  self.latency_sum_s - latency_sum, latencies)

@@ -166,24 +166,30 @@ def _assert_evaluated_on_schedule_and_summarised(run_dir, result, epochs: int, e
     return final
 
 
-def test_training_evaluates_on_schedule_and_summarises(tiny_digits_split, tmp_path):
+# A short run with every evaluation (128 digits: 2 steps an epoch), on disk; the S3 test trains it again
+# from a bucket and compares (both in the "s3" group, so that one worker trains this reference once).
+TINY_EVALUATED = ["data.loader.batch_size=32", "logging.log_every=1", "optim.epochs=3", "eval.knn_at_end=true",
+                  "eval.every_epochs=1", "eval.linear_at_end=true", "logging.progress=true",
+                  "logging.progress_every_s=0"]
+
+
+@pytest.fixture(scope="module")
+def tiny_evaluated_run(tiny_digits_split, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("tiny-evaluated")
+    return run_dir, run_train(run_dir, tiny_digits_split, 2, TINY_EVALUATED)
+
+
+def _scores(result) -> list[str]:
+    """The evaluation lines a run printed, without their timings."""
+    return [re.sub(r" \(\d+\.\d s\)$", "", line) for line in result.stdout.splitlines()
+            if "accuracy" in line and "%" in line]
+
+
+@pytest.mark.xdist_group("s3")
+def test_training_evaluates_on_schedule_and_summarises(tiny_evaluated_run):
     """The evaluation schedule and the run's summaries in a short run (128 digits: 2 steps an epoch);
     whether it learns is held by the slow tests below and on the digit scenes."""
-    result = run_train(
-        tmp_path,
-        tiny_digits_split,
-        2,
-        [
-            "data.loader.batch_size=32",
-            "logging.log_every=1",
-            "optim.epochs=3",
-            "eval.knn_at_end=true",
-            "eval.every_epochs=1",
-            "eval.linear_at_end=true",
-            "logging.progress=true",
-            "logging.progress_every_s=0",
-        ],
-    )
+    tmp_path, result = tiny_evaluated_run
     _assert_evaluated_on_schedule_and_summarised(tmp_path, result, epochs=3, every=1, steps_per_epoch=2, local_batch=32)
     # the final checkpoint records the run's end, so that a resume of it neither trains nor evaluates
     assert read_trainer_meta(latest_checkpoint(tmp_path))["run_end"] == {"finished": True, "evaluation": "done"}
@@ -380,3 +386,27 @@ def test_eval_in_one_process_and_of_the_random_init_agree_with_the_trainer(evalu
         "'resnet10' here. Resume it with the config" in result.stderr
     ), result.stderr[-3000:]
     assert "Unexpected key" not in result.stderr and files == {p: p.stat().st_mtime_ns for p in checkpoint.rglob("*")}
+
+
+@pytest.mark.xdist_group("s3")
+def test_the_same_run_from_s3_gives_the_same_losses_and_scores(tiny_evaluated_run, tiny_digits_split, s3_server,
+                                                               tmp_path, monkeypatch):
+    """The training, held-out and kNN bank sets in a bucket of a real S3 server (SeaweedFS): the same
+    losses step for step and the same evaluations as from disk, because the samples, their views and
+    their order do not depend on where the bytes come from; the run records the same manifest digest."""
+    remote = {split: f"s3://instcls-train/digits/{split}" for split in ("train", "val")}
+    for split, url in remote.items():
+        s3_server.sync_up(tiny_digits_split[split], url)
+    for name, value in s3_server.client_env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("INSTCLS_TABLE_CACHE", str(tmp_path / "table-cache"))
+    from_s3 = run_train(tmp_path, remote, 2, [*TINY_EVALUATED, "data.storage.max_in_flight=8"])
+    disk_dir, from_disk = tiny_evaluated_run
+    losses = step_losses(tmp_path)
+    assert len(losses) == 6 and losses == step_losses(disk_dir)
+    assert len(_scores(from_s3)) == 3 and _scores(from_s3) == _scores(from_disk)  # after epochs 1, 2 and 3
+    recorded = [json.loads((latest_checkpoint(run) / "run.json").read_text())["train_manifest"]
+                for run in (tmp_path, disk_dir)]
+    assert recorded[0]["digest"] == recorded[1]["digest"] and recorded[0]["path"] == remote["train"]
+    # one table download per node and set, shared by both ranks: the training and the held-out set's
+    assert len(list((tmp_path / "table-cache").glob("*.npy"))) == 2

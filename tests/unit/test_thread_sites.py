@@ -17,7 +17,9 @@ DEVICE_POOL = ("trainer/parallel/device_threads.py", "device_thread_pool")
 CPU_ONLY = {
     ("data_pipeline/loading/dali_loader.py", "_StepSource._read_ahead"):
         "reads files and draws augmentation parameters in numpy; DALI's own threads get device_id",
-    ("data_pipeline/loading/sample_reader.py", "StepReader._map"): "os.pread of shard bytes and image headers",
+    ("data_pipeline/loading/sample_reader.py", "StepReader._map"):
+        "os.pread or ranged GETs of shard bytes, and image headers",
+    ("data_pipeline/ingest/s3_staging.py", "fetch_records"): "GETs an ingest's shard records from S3 for its merge",
     ("trainer/observability/exporter.py", "serve_bounded"): "serves the Prometheus registry's host-side values",
     ("trainer/parallel/launch.py", "launch"): "copies torchrun's stderr in the launcher, which never starts CUDA",
     ("trainer/parallel/background_watch.py", "BackgroundWatch.__init__"):

@@ -1,11 +1,15 @@
 """`instcls make-shards` (WebDataset shards, DALI indexes, sample table and manifest from a source,
 or existing tars indexed in place), `instcls merge-shards`, `instcls upgrade-shards` and
-`instcls validate-shards`."""
+`instcls validate-shards`; make, merge and validate take a directory or an s3:// prefix."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+STAGING_HELP = ("with an s3:// set: the local directory its shards are written (and the merge done) in before "
+                "they are uploaded; keep it to resume a killed run without rewriting shards whose upload was cut "
+                "short (default: <temp dir>/instcls-staging/BUCKET/PREFIX)")
 
 
 def register(commands) -> None:
@@ -15,9 +19,11 @@ def register(commands) -> None:
     defaults = ShardSettings()
     parser = commands.add_parser("make-shards", help="write WebDataset shards + DALI indexes + sample table + manifest")
     add_source_arguments(parser)  # --source, --labels and each registered source's flags
-    parser.add_argument("--out", type=Path, required=True,
-                        help="output directory (for --source tars it may be --root itself); an unfinished ingest "
-                        "there is resumed")
+    parser.add_argument("--out", required=True,
+                        help="output directory (for --source tars it may be --root itself), or s3://BUCKET/PREFIX "
+                        "(endpoint and credentials from AWS_ENDPOINT_URL_S3, AWS_ACCESS_KEY_ID, ...); an unfinished "
+                        "ingest there is resumed")
+    parser.add_argument("--staging", type=Path, help=STAGING_HELP)
     parser.add_argument(
         "--part",
         default="0/1",
@@ -59,6 +65,7 @@ def register(commands) -> None:
 def _run_make_shards(args: argparse.Namespace) -> int:
     from data_pipeline.ingest.ingest_state import Part
     from data_pipeline.ingest.make_shards import ShardSettings, write_shards
+    from data_pipeline.ingest.parallel_ingest import open_target
     from data_pipeline.ingest.sources import check_labels, source_kind
 
     check_labels(args)
@@ -66,6 +73,9 @@ def _run_make_shards(args: argparse.Namespace) -> int:
     if args.listing_only:
         return _list_only(kind, part, args)
     if kind.index_in_place is not None:
+        if args.staging is not None:
+            raise ValueError(f"--staging: --source {kind.name} indexes the tars where they are and stages nothing; "
+                             "leave --staging out")
         manifest = kind.index_in_place(args, part)
     else:
         settings = ShardSettings(
@@ -76,7 +86,8 @@ def _run_make_shards(args: argparse.Namespace) -> int:
             workers=args.workers,
             max_side=args.max_side,
         )
-        manifest = write_shards(kind.open(args), args.out, settings, progress=not args.no_progress, part=part)
+        target = open_target(args.out, args.staging)  # a bad bucket or finished set: before a long listing
+        manifest = write_shards(kind.open(args), target, settings, progress=not args.no_progress, part=part)
     if manifest is None:
         print(f"part {part} of {args.out} done; once every part is, run `instcls merge-shards {args.out}`")
         return 0
@@ -102,11 +113,15 @@ def _list_only(kind, part, args: argparse.Namespace) -> int:
     return 0
 
 
-def _say_written(manifest, out: Path) -> None:
-    skipped = manifest.num_skipped
+def _say_written(manifest, out: str) -> None:
+    from data_pipeline.storage.shard_url import S3Url, shard_location
+
+    skipped, location = manifest.num_skipped, shard_location(out)
+    report = (location.child(manifest.skipped_report) if isinstance(location, S3Url)
+              else location / manifest.skipped_report)
     print(
-        f"wrote {manifest.num_instances} instances in {len(manifest.shards)} shard(s) to {out}"
-        + (f"; skipped {skipped} unusable image(s), listed in {out / manifest.skipped_report}" if skipped else "")
+        f"wrote {manifest.num_instances} instances in {len(manifest.shards)} shard(s) to {location}"
+        + (f"; skipped {skipped} unusable image(s), listed in {report}" if skipped else "")
     )
 
 
@@ -114,7 +129,8 @@ def _add_merge_shards(commands) -> None:
     parser = commands.add_parser(
         "merge-shards", help="after every make-shards --part: write the manifest and the sample table"
     )
-    parser.add_argument("out", type=Path, help="the --out of the parts")
+    parser.add_argument("out", help="the --out of the parts (a directory or s3://BUCKET/PREFIX)")
+    parser.add_argument("--staging", type=Path, help=STAGING_HELP)
     parser.add_argument(
         "--wait",
         type=float,
@@ -126,9 +142,9 @@ def _add_merge_shards(commands) -> None:
 
 
 def _run_merge_shards(args: argparse.Namespace) -> int:
-    from data_pipeline.ingest.shard_merge import merge_shards
+    from data_pipeline.ingest.merge_any import merge_shard_set
 
-    _say_written(merge_shards(args.out, wait_seconds=args.wait), args.out)
+    _say_written(merge_shard_set(args.out, wait_seconds=args.wait, staging=args.staging), args.out)
     return 0
 
 
@@ -151,8 +167,9 @@ def _run_upgrade_shards(args: argparse.Namespace) -> int:
 
 def _add_validate_shards(commands) -> None:
     parser = commands.add_parser("validate-shards", help="decode and check every sample of a shard set")
-    parser.add_argument("shards", type=Path, help="directory with manifest.json")
-    parser.add_argument("--workers", type=int, default=2, help="processes that check shards in parallel")
+    parser.add_argument("shards", help="directory or s3://BUCKET/PREFIX with manifest.json")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="processes that check shards in parallel (on S3 each holds one tar in memory)")
     parser.set_defaults(handler=_run_validate_shards)
 
 

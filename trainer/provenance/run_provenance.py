@@ -43,7 +43,7 @@ def config_as_data(value):
         return [config_as_data(item) for item in value]
     if isinstance(value, dict):
         return {str(key): config_as_data(item) for key, item in value.items()}
-    if isinstance(value, Path):
+    if isinstance(value, (Path, str)):  # an S3Url is a str of its own type, which YAML cannot write
         return str(value)
     if isinstance(value, Enum):
         return value.value
