@@ -157,3 +157,27 @@ def test_the_command_line_exits_1_for_an_unreachable_store_and_2_for_a_missing_s
                                   "http://127.0.0.1:9"), printed
     assert main([*common, "--set", "data.train_shards=s3://instcls-reads/sets/none"]) == 2
     assert "data.train_shards=s3://instcls-reads/sets/none has no manifest.json" in capsys.readouterr().err
+
+
+def test_tars_indexed_in_place_resolve_under_the_prefix_as_on_disk(s3_env, s3_server, color_shards, tmp_path):
+    """A set whose manifest names ``../tars/x.tar``: copied with the tars' folder beside it, it reads
+    the same from the bucket, and a path that would leave the bucket is refused."""
+    import shutil
+
+    from data_pipeline.ingest.tars_in_place import index_tars
+    from data_pipeline.storage.shard_url import S3Url
+
+    root = tmp_path / "wds"
+    (root / "tars").mkdir(parents=True)
+    for tar in sorted(color_shards.glob("*.tar"))[:2]:
+        shutil.copy(tar, root / "tars" / tar.name)
+    index_tars(root / "tars", root / "index", labels=True, workers=1, progress=False)
+    local = SampleTable(root / "index")
+    assert local.shards[0].tar.startswith("../tars/")
+    s3_server.sync_up(root, "s3://instcls-reads/wds")
+    remote = SampleTable("s3://instcls-reads/wds/index")
+    ids = range(local.num_samples)
+    assert [remote.read_jpeg(i) for i in ids] == [local.read_jpeg(i) for i in ids]
+    assert remote.labels(np.arange(local.num_samples)).tolist() == local.labels(np.arange(local.num_samples)).tolist()
+    with pytest.raises(ValueError, match="resolves outside the bucket"):
+        S3Url("s3://instcls-reads/wds/index").key("../../../x.tar")
