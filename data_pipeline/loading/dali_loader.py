@@ -30,9 +30,10 @@ blanking depends on the sample's bytes alone.  A failure on a sample PIL decodes
 
 DALI calls a (non-parallel) source on the thread that asks for batches: the training thread,
 inside ``next()``.  So the source reads ahead: the files and parameters of the next
-``READ_AHEAD`` steps are read by a background thread while the GPU trains, and a call only picks up
-a finished read.  DALI's own parallel source (worker processes) would need a stateless, picklable
-callback, and this one is pointed at a new ``(epoch, steps)`` each pass.
+``READ_AHEAD`` steps are read by background threads (one per step, so that on object storage their
+round trips overlap) while the GPU trains, and a call only picks up a finished read.  DALI's own
+parallel source (worker processes) would need a stateless, picklable callback, and this one is
+pointed at a new ``(epoch, steps)`` each pass.
 """
 
 from __future__ import annotations
@@ -83,7 +84,10 @@ class _StepSource:
 
     def _read_ahead(self, first: int) -> None:
         if self._pool is None or self._pool[0] != os.getpid():
-            self._pool = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="dali-read-ahead"))
+            # One thread per step ahead: on object storage each step's reads wait a round trip, and the
+            # steps ahead overlap their round trips instead of queueing them (their requests share the
+            # reader's bounded pool).
+            self._pool = (os.getpid(), ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="dali-read-ahead"))
         for iteration in range(first, min(first + READ_AHEAD, len(self.steps))):
             if iteration not in self._reads:
                 self._reads[iteration] = self._pool[1].submit(self.reader.read, self.epoch, self.steps[iteration])

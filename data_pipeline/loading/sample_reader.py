@@ -18,7 +18,7 @@ from data_pipeline.loading.augment.augment_config import AugmentConfig
 from data_pipeline.loading.augment.view_params import ViewParams, augmentation_rng, draw_views, image_size
 from data_pipeline.loading.samplers.base import Sampler, StepIndices
 from data_pipeline.shardset.sample_table import RECREATE, SampleTable, ShardReadError
-from data_pipeline.storage.read_stats import StatsSnapshot, read_stats
+from data_pipeline.storage.read_stats import ReadTally, StatsSnapshot, tallying
 
 BLANK_SIDE = 32
 
@@ -87,14 +87,19 @@ class StepReader:
         self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (owning pid: threads do not survive a fork)
         self.undecodable_ids: dict[int, str] = {}  # id -> why: bodies a decoder failed on, read as the blank
 
-    def _map(self, function, items) -> list:
+    def _map(self, function, items, tally: ReadTally) -> list:
+        """``function`` over ``items`` on the read threads, their store reads counted into ``tally``."""
+        def counted(item):
+            with tallying(tally):
+                return function(item)
+
         if self.read_threads <= 1:
-            return [function(item) for item in items]
+            return [counted(item) for item in items]
         if self._pool is None or self._pool[0] != os.getpid():
             self._pool = (os.getpid(), ThreadPoolExecutor(self.read_threads, thread_name_prefix="shard-read"))
-        return list(self._pool[1].map(function, items))
+        return list(self._pool[1].map(counted, items))
 
-    def _samples(self, epoch: int, step: int) -> StepSamples:
+    def _samples(self, epoch: int, step: int, tally: ReadTally) -> StepSamples:
         indices = self.sampler.step(epoch, step)
         ids, valid = indices.ids[self.rank], indices.valid[self.rank]
         out_of_range = ids[(ids < 0) | (ids >= self.table.num_samples)]
@@ -102,7 +107,7 @@ class StepReader:
             raise ValueError(f"{type(self.sampler).__name__} named ids {out_of_range[:5].tolist()} at epoch {epoch} "
                              f"step {step}, outside the shard set's [0, {self.table.num_samples})")
         training = self.augment is not None
-        labels = None if training else np.array(self._map(self._label, ids), dtype=np.int64)
+        labels = None if training else np.array(self._map(self._label, ids, tally), dtype=np.int64)
         return StepSamples(step, ids.astype(np.int64), valid.astype(bool), indices.global_valid, labels, indices,
                            self._following(epoch, step) if training else None)
 
@@ -145,10 +150,11 @@ class StepReader:
 
     def read(self, epoch: int, step: int) -> StepInputs:
         """The step's inputs, with what reading them asked of the store (``samples.reads``: counted in the
-        process that reads, a DataLoader worker included, and carried to the trainer with the batch)."""
-        mark = read_stats().mark()
-        samples = self._samples(epoch, step)
-        jpegs, sizes, problems = zip(*self._map(self._sized_jpeg_or_blank, samples.ids.tolist()))
+        process that reads, a DataLoader worker included, exactly while other steps read beside it,
+        and carried to the trainer with the batch)."""
+        tally = ReadTally()
+        samples = self._samples(epoch, step, tally)
+        jpegs, sizes, problems = zip(*self._map(self._sized_jpeg_or_blank, samples.ids.tolist(), tally))
         if any(problems):
             valid = samples.valid & np.array([problem is None for problem in problems])
             samples = replace(samples, valid=valid, skipped=tuple(p for p in problems if p))
@@ -156,7 +162,7 @@ class StepReader:
         if self.augment is not None:
             heights, widths = np.array(sizes, dtype=np.int64).T
             views = draw_views(augmentation_rng(self.seed, epoch, samples.ids), heights, widths, self.augment)
-        return StepInputs(replace(samples, reads=read_stats().since(mark)), list(jpegs), views)
+        return StepInputs(replace(samples, reads=tally.snapshot()), list(jpegs), views)
 
     def pixels_problem(self, sample_id: int) -> str | None:
         """``undecodable_message`` when the sample's header reads but PIL cannot decode its pixels;

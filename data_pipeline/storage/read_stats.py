@@ -1,10 +1,10 @@
 """What a process asked of its shard stores: requests, bytes, opens, retries, errors, latency and
-requests in flight.  One ``ReadStats`` per process (``read_stats()``), fed by every store; the
-Prometheus exporter and ``instcls bench data`` read it."""
+requests in flight.  One ``ReadStats`` per process (``read_stats()``), fed by every store, which
+``instcls bench data`` reads; and ``ReadTally``s, each counting the reads made for one caller (a
+step of a loader) on whichever threads ran them, exactly, while other steps read beside it."""
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections import deque
@@ -64,41 +64,73 @@ class ReadStats:
                 self.requests += 1
                 self.latency_sum_s += took
                 self._latencies.append(took)
+            tally = _current_tally()
+            if tally is not None:
+                tally.add_request(took)
 
     def add_bytes(self, count: int) -> None:
         with self._lock:
             self.bytes += count
+        tally = _current_tally()
+        if tally is not None:
+            tally.add("bytes", count)
 
     def count(self, name: str) -> None:
         """One more of ``opens``, ``retries`` or ``errors``."""
         with self._lock:
             setattr(self, name, getattr(self, name) + 1)
+        tally = _current_tally()
+        if tally is not None:
+            tally.add(name, 1)
 
     def reset_peak(self) -> None:
         with self._lock:
             self.peak_in_flight = self.in_flight
 
-    def mark(self) -> tuple[int, int, int, int, int, float]:
-        """The counters now, for ``since``: cheaper than a snapshot (no latency copy)."""
-        with self._lock:
-            return self.requests, self.bytes, self.opens, self.retries, self.errors, self.latency_sum_s
-
-    def since(self, mark: tuple[int, int, int, int, int, float]) -> StatsSnapshot:
-        """What this process asked of its stores since ``mark`` (with the latencies of those requests,
-        up to the window).  Exact where one reader at a time reads, as each loader process does."""
-        with self._lock:
-            requests, size, opens, retries, errors, latency_sum = mark
-            new = self.requests - requests
-            latest = list(itertools.islice(reversed(self._latencies), new)) if new > 0 else []
-            latencies = np.array(latest[::-1], dtype=np.float64)
-            return StatsSnapshot(new, self.bytes - size, self.opens - opens, self.retries - retries,
-                                 self.errors - errors, self.in_flight, self.peak_in_flight,
-                                 self.latency_sum_s - latency_sum, latencies)
-
     def snapshot(self) -> StatsSnapshot:
         with self._lock:
             return StatsSnapshot(self.requests, self.bytes, self.opens, self.retries, self.errors, self.in_flight,
                                  self.peak_in_flight, self.latency_sum_s, np.array(self._latencies))
+
+
+class ReadTally:
+    """The reads made for one caller, counted on every thread that runs them inside ``tallying(self)``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counts = {"bytes": 0, "opens": 0, "retries": 0, "errors": 0}
+        self.latencies: list[float] = []
+
+    def add_request(self, seconds: float) -> None:
+        with self._lock:
+            self.latencies.append(seconds)
+
+    def add(self, name: str, count: int) -> None:
+        with self._lock:
+            self.counts[name] += count
+
+    def snapshot(self) -> StatsSnapshot:
+        with self._lock:
+            latencies = np.array(self.latencies, dtype=np.float64)
+            return StatsSnapshot(len(latencies), self.counts["bytes"], self.counts["opens"], self.counts["retries"],
+                                 self.counts["errors"], 0, 0, float(latencies.sum()), latencies)
+
+
+_local = threading.local()
+
+
+def _current_tally() -> ReadTally | None:
+    return getattr(_local, "tally", None)
+
+
+@contextmanager
+def tallying(tally: ReadTally):
+    """Count this thread's store reads into ``tally`` too, until the block ends."""
+    previous, _local.tally = _current_tally(), tally
+    try:
+        yield tally
+    finally:
+        _local.tally = previous
 
 
 _STATS = ReadStats()

@@ -107,7 +107,7 @@ def test_every_bench_setting_is_documented(settings_class):
      ClassifierBenchSettings(num_classes=10, dtype="bfloat16")),
     ("bench pic --sizes 100,max --store host --store-dir /s", PicBenchSettings(sizes=("100", "max"), store="host",
                                                                                store_dir="/s")),
-    ("bench data --shards d --multicrop 0", DataBenchSettings(shards=Path("d"), multicrop=0)),
+    ("bench data --shards d --multicrop 0", DataBenchSettings(shards="d", multicrop=0)),
     ("bench ddp-vs-dhp --logits-cache-gib 0.5 --backbone resnet18 --update-in-backward",
      SweepSettings(logits_cache_bytes=2**29, backbone="resnet18", update_in_backward=True)),
     ("bench exporter --arch resnet50 --seconds 2", ExporterBenchSettings(arch="resnet50", seconds=2.0)),

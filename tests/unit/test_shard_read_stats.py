@@ -7,8 +7,8 @@ import sys
 
 import numpy as np
 
-from data_pipeline.loading.samplers.epoch_permutation import EpochPermutationSampler
 from data_pipeline.loading.sample_reader import StepReader
+from data_pipeline.loading.samplers.epoch_permutation import EpochPermutationSampler
 from data_pipeline.shardset.sample_table import SampleTable
 from data_pipeline.storage.stores import forget_stores
 from trainer.observability.metrics import TrainingMetrics
@@ -62,3 +62,16 @@ def test_the_soft_open_files_limit_is_raised_up_to_the_hard_one():
               "print(ensure_open_files(2000, 'set'), resource.getrlimit(resource.RLIMIT_NOFILE)[0])")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert result.stdout.split() == ["3024", "3024"], result.stderr
+
+
+def test_steps_read_at_once_each_count_exactly_their_own_reads(color_shards):
+    """The DALI source reads 3 steps ahead on 3 threads: each step's tally holds its own samples' reads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    table = SampleTable(color_shards)
+    reader = StepReader(table, _sampler(table.num_samples, 5), rank=0, seed=0, augment=None, read_threads=2)
+    with ThreadPoolExecutor(3) as pool:
+        steps = list(pool.map(lambda step: reader.read(0, step).samples, range(9)))
+    for samples in steps:
+        sizes = table.rows["size"][samples.ids].astype(np.int64)
+        assert (samples.reads.requests, samples.reads.bytes) == (len(samples.ids), int(sizes.sum()))

@@ -20,6 +20,7 @@ CPU_ONLY = {
     ("data_pipeline/loading/sample_reader.py", "StepReader._map"):
         "os.pread or ranged GETs of shard bytes, and image headers",
     ("data_pipeline/ingest/s3_staging.py", "fetch_records"): "GETs an ingest's shard records from S3 for its merge",
+    ("trainer/bench/step_reads.py", "ReadAhead.__init__"): "reads shard bytes ahead, as the DALI source does",
     ("trainer/observability/exporter.py", "serve_bounded"): "serves the Prometheus registry's host-side values",
     ("trainer/parallel/launch.py", "launch"): "copies torchrun's stderr in the launcher, which never starts CUDA",
     ("trainer/parallel/background_watch.py", "BackgroundWatch.__init__"):

@@ -87,13 +87,18 @@ def _add_data(benchmarks) -> None:
     from trainer.bench.settings.data import DataBenchSettings
 
     _add_bench(benchmarks, "data", DataBenchSettings, _run_data,
-               help="images/s of the DALI loader vs the PIL + torchvision fallback")
+               help="images/s of the DALI loader vs the PIL + torchvision fallback; with --storage, what one rank "
+               "asks of the shard store (disk, S3, S3 behind added latency) and what 64 ranks would")
 
 
 def _run_data(args: argparse.Namespace) -> int:
-    from trainer.bench.data_bench import DataBenchSettings, format_report, run
+    from trainer.bench.settings.data import DataBenchSettings
 
     settings = settings_from_args(DataBenchSettings, args)
+    if settings.measures_storage:
+        from trainer.bench.storage_bench import format_report, run
+    else:
+        from trainer.bench.data_bench import format_report, run
     summary = run(settings)
     return _report(args, format_report(settings, summary), summary)
 
