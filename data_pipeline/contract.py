@@ -14,7 +14,7 @@ from data_pipeline.loading.samplers.epoch_permutation import EpochPermutationSam
 from data_pipeline.loading.view_layout import ViewLayout
 from data_pipeline.shardset.manifest import MANIFEST_NAME, ShardManifest
 from data_pipeline.shardset.sample_table import SampleTable, sample_table
-from data_pipeline.shardset.set_files import has_manifest, load_manifest, manifest_sha256
+from data_pipeline.shardset.set_files import has_manifest, load_manifest, manifest_bytes, manifest_sha256
 from data_pipeline.storage.read_stats import read_stats
 from data_pipeline.storage.shard_url import S3Url, ShardLocation, shard_location
 from data_pipeline.storage.storage_errors import StorageAccessError, StorageUnavailableError
@@ -23,5 +23,5 @@ from data_pipeline.storage.storage_settings import StorageSettings, use_storage_
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "MANIFEST_NAME", "AugmentConfig", "Batch", "EpochPermutationSampler",
            "IndexedLoader", "LoaderConfig", "S3Url", "Sampler", "SamplerConfig", "SampleTable", "ShardLocation",
            "ShardManifest", "StepIndices", "StorageAccessError", "StorageSettings", "StorageUnavailableError",
-           "ViewLayout", "build_loader", "has_manifest", "load_manifest", "manifest_sha256", "read_stats",
-           "sample_table", "shard_location", "to_device", "use_storage_settings"]
+           "ViewLayout", "build_loader", "has_manifest", "load_manifest", "manifest_bytes", "manifest_sha256",
+           "read_stats", "sample_table", "shard_location", "to_device", "use_storage_settings"]

@@ -171,7 +171,12 @@ def _table_problems(location: ShardLocation, manifest: ShardManifest) -> tuple[n
         table = open_table(path, manifest.num_instances, rebuild)
     except TableError as error:
         return None, [str(error)]
-    if not isinstance(location, S3Url) and sha256_of(path) != manifest.table_sha256:
+    if isinstance(location, S3Url):  # the bucket's copy, not the node's cached one, which may be older
+        remote = hashlib.sha256(open_store(location).read_bytes(manifest.table)).hexdigest()
+        if remote != manifest.table_sha256:
+            problems.append(f"{location.child(manifest.table)}: sha256 differs from the manifest (object changed "
+                            "or truncated)")
+    elif sha256_of(path) != manifest.table_sha256:
         problems.append(f"{path}: sha256 differs from the manifest (file changed or truncated)")
     counts = [entry.count for entry in manifest.shards]
     if sum(counts) != manifest.num_instances:

@@ -63,9 +63,6 @@ class IndexedLoader:
             )
         self.steps_per_epoch = self.sampler.steps_per_epoch
         augment = config.augment if train else None
-        # On object storage a step's samples are ranged GETs issued together (up to the store's
-        # in-flight bound), in every process that reads: the latency of one is hidden by the others.
-        read_threads = table.store.concurrency or read_threads
         self.reader = StepReader(table, self.sampler, rank, config.sample_seed, augment, read_threads,
                                  skip_bad_samples=config.on_bad_sample == "skip")
         self.view_layout = config.view_layout if train else ViewLayout.single(config.augment.image_size)

@@ -19,6 +19,7 @@ from data_pipeline.loading.augment.view_params import ViewParams, augmentation_r
 from data_pipeline.loading.samplers.base import Sampler, StepIndices
 from data_pipeline.shardset.sample_table import RECREATE, SampleTable, ShardReadError
 from data_pipeline.storage.read_stats import ReadTally, StatsSnapshot, tallying
+from data_pipeline.storage.storage_errors import BucketNotFoundError, StorageAccessError
 
 BLANK_SIDE = 32
 
@@ -72,7 +73,8 @@ class StepReader:
 
     ``read_threads > 1`` reads the images of a step concurrently (``os.pread`` and an S3 client's
     socket reads release the GIL), which hides per-request latency on network and object storage
-    when one process feeds a fast GPU decoder; for ``s3://`` sets it is ``data.storage.max_in_flight``.
+    when one process feeds a fast GPU decoder.  An ``s3://`` set's reads run on its store's pool of
+    ``data.storage.max_in_flight`` threads, one per process, which every reader of it shares.
 
     With ``skip_bad_samples`` a sample is blanked (``_blank_jpeg``, not valid, named in ``skipped``)
     when its bytes cannot be read or have no image header, and also once a decoder found that its
@@ -93,6 +95,9 @@ class StepReader:
             with tallying(tally):
                 return function(item)
 
+        shared = self.table.store.executor()  # object storage: one bounded pool per process and store
+        if shared is not None:
+            return list(shared.map(counted, items))
         if self.read_threads <= 1:
             return [counted(item) for item in items]
         if self._pool is None or self._pool[0] != os.getpid():
@@ -143,6 +148,8 @@ class StepReader:
             return _blank_jpeg(), (BLANK_SIDE, BLANK_SIDE), known
         try:
             return (*self._sized_jpeg(sample_id), None)
+        except (StorageAccessError, BucketNotFoundError):
+            raise  # the store's fault, not the sample's: skipping would blank every sample
         except (ShardReadError, ValueError) as error:
             if not self.skip_bad_samples:
                 raise

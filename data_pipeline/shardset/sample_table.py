@@ -26,6 +26,8 @@ from data_pipeline.shardset.set_files import load_manifest, local_table
 from data_pipeline.shardset.table_file import open_table
 from data_pipeline.shardset.tar_index import parse_dali_index
 from data_pipeline.storage.shard_url import S3Url, ShardLocation, shard_location
+from data_pipeline.storage.storage_errors import BucketNotFoundError
+from data_pipeline.storage.storage_settings import storage_settings
 from data_pipeline.storage.stores import open_store
 
 
@@ -43,6 +45,8 @@ class SampleTable:
     def __init__(self, shard_dir: ShardLocation | str) -> None:
         self.shard_dir = shard_location(shard_dir)
         self.store = open_store(self.shard_dir)
+        if not isinstance(self.shard_dir, S3Url):  # a set rewritten in place: new tars, never read through old handles
+            self.store.renew((Path(self.shard_dir) / MANIFEST_NAME).stat().st_mtime_ns)
         manifest = load_manifest(self.shard_dir)
         self.num_samples = manifest.num_instances
         self.shards = sorted(manifest.shards, key=lambda entry: entry.first_id) if manifest.legacy else manifest.shards
@@ -98,10 +102,9 @@ class SampleTable:
         tar = self.shard_of(sample_id).tar
         try:
             data = self.store.read_range(tar, offset, size)
-        except FileNotFoundError as error:
-            raise ShardReadError(f"{self.describe(sample_id)}: cannot open {self.store.describe(tar)} ({error}); "
-                                 f"{RECREATE}") from error
-        except (PermissionError, IsADirectoryError) as error:
+        except BucketNotFoundError:
+            raise  # the URL or endpoint is wrong, not the shard
+        except (FileNotFoundError, PermissionError, IsADirectoryError) as error:
             raise ShardReadError(f"{self.describe(sample_id)}: cannot open {self.store.describe(tar)} ({error}); "
                                  f"{RECREATE}") from error
         if len(data) != size:
@@ -135,16 +138,22 @@ def _keys_by_offset(store, index: str) -> dict[int, str]:
 
 
 @functools.lru_cache(maxsize=4)
-def _cached_table(shard_dir: ShardLocation, manifest_mtime_ns: int) -> SampleTable:
+def _cached_table(shard_dir: ShardLocation, version: object) -> SampleTable:
     return SampleTable(shard_dir)
+
+
+def forget_tables() -> None:
+    """Open every shard set afresh on next use (a process that changed its storage settings; the bench)."""
+    _cached_table.cache_clear()
 
 
 def sample_table(shard_dir: ShardLocation | str) -> SampleTable:
     """The table of ``shard_dir``, opened once per process (a train and an eval loader share it);
-    a local set whose manifest was rewritten (new mtime) is opened again."""
+    a local set whose manifest was rewritten (new mtime) is opened again, and an ``s3://`` one under
+    other storage settings."""
     location = shard_location(shard_dir)
     if isinstance(location, S3Url):
-        return _cached_table(location, 0)
+        return _cached_table(location, storage_settings())
     manifest_path = Path(location).resolve() / MANIFEST_NAME
     mtime = manifest_path.stat().st_mtime_ns if manifest_path.exists() else 0
     return _cached_table(manifest_path.parent, mtime)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import re
 from pathlib import Path
 
 from data_pipeline.shardset.manifest import MANIFEST_NAME, ShardManifest
@@ -61,8 +62,9 @@ def local_table(location: ShardLocation, manifest: ShardManifest, rebuild: str) 
     node's table cache (downloaded and checked once) for an ``s3://`` one."""
     if not isinstance(location, S3Url):
         return Path(location) / manifest.table
-    if not manifest.table_sha256:
-        raise ValueError(f"{location.child(MANIFEST_NAME)} has no table_sha256 to check its table against; {rebuild}")
+    if not re.fullmatch(r"[0-9a-f]{64}", manifest.table_sha256 or ""):
+        raise ValueError(f"{location.child(MANIFEST_NAME)} has no table_sha256 (64 hex digits) to check its table "
+                         f"against; {rebuild}")
     cache = Path(storage_settings().resolved_table_cache)
     cache.mkdir(parents=True, exist_ok=True)
     path = cache / f"{manifest.table_sha256}.npy"

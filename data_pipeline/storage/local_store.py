@@ -19,24 +19,27 @@ from pathlib import Path
 from data_pipeline.storage.open_files import ensure_open_files
 from data_pipeline.storage.read_stats import read_stats
 
+_room: dict[str, int] = {}  # shards per local set this process reads: what RLIMIT_NOFILE must fit
+
 
 class LocalStore:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self._handles: dict[str, int] = {}
-        self._room_for = 0
+        self._version: int | None = None
 
-    # Sample reads a step issues at once: None keeps the loader's own thread count (a local disk).
-    concurrency = None
+    def executor(self) -> None:
+        """None: each reader reads on its own threads (``data.loader.num_threads``)."""
+        return None
 
     def describe(self, relative: str) -> str:
         return str(self.root / relative)
 
     def make_room(self, shards: int) -> None:
-        """Let this process keep ``shards`` handles open (called once the manifest is read)."""
-        if shards > self._room_for:
-            ensure_open_files(shards, str(self.root))
-            self._room_for = shards
+        """Let this process keep ``shards`` handles of this set open, beside those of its other sets
+        (a training set, a held-out set and a kNN bank may all be local)."""
+        _room[str(self.root)] = max(shards, _room.get(str(self.root), 0))
+        ensure_open_files(sum(_room.values()), ", ".join(_room))
 
     def _handle(self, relative: str) -> int:
         handle = self._handles.get(relative)
@@ -50,6 +53,13 @@ class LocalStore:
         if handle != opened:
             os.close(opened)
         return handle
+
+    def renew(self, version: int) -> None:
+        """Read the set of manifest ``version`` (its mtime): when it changed, the set was rewritten in
+        place, and shards open afresh.  The old handles stay open, as a thread may still be reading
+        through one (closing it could hand its number to another file); they go at the process's end."""
+        if version != self._version:
+            self._version, self._handles = version, {}
 
     def open_all(self, relatives: list[str]) -> None:
         for relative in relatives:
@@ -66,12 +76,6 @@ class LocalStore:
 
     def read_bytes(self, relative: str) -> bytes:
         return (self.root / relative).read_bytes()
-
-    def exists(self, relative: str) -> bool:
-        return (self.root / relative).exists()
-
-    def local_path(self, relative: str) -> Path:
-        return self.root / relative
 
     def close(self) -> None:
         handles, self._handles = self._handles, {}

@@ -5,6 +5,7 @@ step of a loader) on whichever threads ran them, exactly, while other steps read
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -134,6 +135,14 @@ def tallying(tally: ReadTally):
 
 
 _STATS = ReadStats()
+
+
+def _fresh_lock_after_fork() -> None:
+    """A DataLoader worker forked while another thread held the lock would wait on it forever."""
+    _STATS._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_after_fork)
 
 
 def read_stats() -> ReadStats:

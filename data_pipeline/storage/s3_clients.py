@@ -16,6 +16,7 @@ figures, docs/data.md why boto3 is the default).  Requests are never signed by h
 
 from __future__ import annotations
 
+import socket
 import threading
 
 from data_pipeline.storage.storage_errors import CREDENTIALS_HELP, StorageAccessError
@@ -68,7 +69,7 @@ class Boto3Client:
 
     @staticmethod
     def classify(error: BaseException) -> str:
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import ClientError, HTTPClientError, IncompleteReadError
         from botocore.exceptions import ConnectionError as BotoConnectionError
 
         if isinstance(error, ClientError):
@@ -85,13 +86,13 @@ class Boto3Client:
             if status >= 500 or code in ("SlowDown", "RequestTimeout", "ServiceUnavailable", "InternalError"):
                 return TRANSIENT
             return OTHER
-        if isinstance(error, (BotoConnectionError, ConnectionError, TimeoutError)):
-            return TRANSIENT
-        if isinstance(error, BotoCoreError) and "timeout" in type(error).__name__.lower():
-            return TRANSIENT
-        from urllib3.exceptions import HTTPError as Urllib3Error  # a body cut off mid-read
+        # Refused, reset or closed connections, timeouts and bodies cut off mid-read: the network or
+        # the store, which may come back.  A local fault (a staged file missing) is not one of them.
+        from urllib3.exceptions import HTTPError as Urllib3Error
 
-        return TRANSIENT if isinstance(error, (Urllib3Error, OSError)) else OTHER
+        network = (BotoConnectionError, HTTPClientError, IncompleteReadError, Urllib3Error, ConnectionError,
+                   TimeoutError, socket.timeout)
+        return TRANSIENT if isinstance(error, network) else OTHER
 
 
 CRT_GBPS_PER_CONNECTION = 0.4  # at 25.6 Gbit/s it kept 64 connections (`instcls bench data --client ...`)
@@ -119,11 +120,13 @@ class CrtClient:
         return b"".join(self._client._client.get_object(bucket, key))
 
     def put_file(self, bucket: str, key: str, path: str) -> None:
-        writer = self._client.put_object(bucket, key)
         with open(path, "rb") as handle:
-            while block := handle.read(8 << 20):
-                writer.write(block)
-        writer.close()
+            writer = self._client.put_object(bucket, key)
+            try:
+                while block := handle.read(8 << 20):
+                    writer.write(block)
+            finally:
+                writer.close()
 
     def list(self, bucket: str, prefix: str) -> list[tuple[str, int]]:
         found = []
@@ -133,6 +136,10 @@ class CrtClient:
 
     @staticmethod
     def classify(error: BaseException) -> str:
+        from s3torchconnectorclient import S3Exception
+
+        if not isinstance(error, S3Exception):
+            return OTHER
         text = str(error)
         if "NoSuchBucket" in text or "bucket does not exist" in text:
             return NO_BUCKET

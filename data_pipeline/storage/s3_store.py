@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from data_pipeline.storage.read_stats import read_stats
@@ -32,6 +34,7 @@ from data_pipeline.storage.storage_errors import (
 from data_pipeline.storage.storage_settings import StorageSettings
 
 FIRST_BACKOFF_S, MAX_BACKOFF_S = 0.1, 5.0
+_executor_lock = threading.Lock()
 
 
 class S3Store:
@@ -39,11 +42,20 @@ class S3Store:
         self.url, self.settings = S3Url(url), settings
         self._client = ProcessClient(settings)
         self._reached = False  # a request of this process got an answer: later failures are outages
+        self._executor: tuple[int, ThreadPoolExecutor] | None = None
 
-    @property
-    def concurrency(self) -> int:
-        """Sample reads a step issues at once: ``max_in_flight`` ranged GETs."""
-        return self.settings.max_in_flight
+    def executor(self) -> ThreadPoolExecutor:
+        """The process's ``max_in_flight`` threads for this store's reads, shared by every reader of it
+        (a training and an evaluation loader, the steps read ahead), so that the requests in flight
+        never outnumber the connection pool; made anew after a fork."""
+        owner = self._executor
+        if owner is None or owner[0] != os.getpid():
+            with _executor_lock:
+                owner = self._executor
+                if owner is None or owner[0] != os.getpid():
+                    owner = (os.getpid(), ThreadPoolExecutor(self.settings.max_in_flight, thread_name_prefix="s3-read"))
+                    self._executor = owner
+        return owner[1]
 
     def describe(self, relative: str) -> str:
         return self.url.child(relative) if relative else str(self.url)
@@ -51,13 +63,16 @@ class S3Store:
     def make_room(self, shards: int) -> None:
         """Nothing to open: every read is a request."""
 
+    def renew(self, version: int) -> None:
+        """Nothing is kept per object."""
+
     def open_all(self, relatives: list[str]) -> None:
         """Nothing to open: every read is a request."""
 
     def _call(self, relative: str, action: str, request):
         """``request(client)`` with the retries and error mapping of the module docstring."""
         stats, url = read_stats(), self.describe(relative)
-        deadline, backoff = None, FIRST_BACKOFF_S
+        deadline, backoff, first_failure = None, FIRST_BACKOFF_S, None
         while True:
             client = self._client.get()
             try:
@@ -70,6 +85,7 @@ class S3Store:
                 if kind == TRANSIENT:
                     now = time.monotonic()
                     budget = self.settings.outage_retry_s if self._reached else self.settings.connect_timeout_s
+                    first_failure = now if first_failure is None else first_failure
                     deadline = now + budget if deadline is None else deadline
                     if now < deadline:
                         stats.count("retries")
@@ -79,7 +95,8 @@ class S3Store:
                 stats.count("errors")
                 if kind == BAD_RANGE:
                     return b""
-                raise self._explain(kind, url, action, error, budget if kind == TRANSIENT else 0.0) from error
+                retried = time.monotonic() - first_failure if first_failure is not None else 0.0
+                raise self._explain(kind, url, action, error, retried) from error
 
     def _explain(self, kind: str, url: str, action: str, error: BaseException, retried_s: float) -> Exception:
         endpoint = self.settings.describe_endpoint()
@@ -87,8 +104,11 @@ class S3Store:
             hint = ("check data.storage.endpoint_url (or AWS_ENDPOINT_URL_S3) and that the store is up"
                     if not self._reached else "the store stopped answering; the run resumes from its last checkpoint "
                     "once it is back")
+            limit = ("data.storage.outage_retry_s", self.settings.outage_retry_s) if self._reached else (
+                "data.storage.connect_timeout_s", self.settings.connect_timeout_s)
             return StorageUnavailableError(f"{url}: cannot {action} at {endpoint}: no answer after retrying for "
-                                           f"{retried_s:.0f} s ({type(error).__name__}: {error}); {hint}")
+                                           f"{retried_s:.1f} s ({limit[0]}={limit[1]:g}; {type(error).__name__}: "
+                                           f"{error}); {hint}")
         if kind == DENIED:
             return StorageAccessError(f"{url}: {endpoint} refused the request's credentials ({error}); "
                                       f"{CREDENTIALS_HELP}")
@@ -126,9 +146,13 @@ class S3Store:
         destination = Path(destination)
         destination.parent.mkdir(parents=True, exist_ok=True)
         handle, tmp = tempfile.mkstemp(dir=destination.parent, prefix=f".{destination.name}.")
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
-        os.replace(tmp, destination)
+        try:
+            with os.fdopen(handle, "wb") as out:
+                out.write(data)
+            os.replace(tmp, destination)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
     def upload(self, source: Path, relative: str) -> None:
         key = self.url.key(relative)

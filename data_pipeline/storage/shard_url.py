@@ -55,10 +55,6 @@ class S3Url(str):
     def child(self, relative: str) -> "S3Url":
         return S3Url(f"{SCHEME}{self.bucket}/{self.key(relative)}")
 
-    @property
-    def name(self) -> str:
-        return posixpath.basename(self.prefix) or self.bucket
-
 
 ShardLocation = Path | S3Url
 

@@ -27,8 +27,9 @@ class StorageSettings:
     unsigned: send anonymous requests (a public bucket); otherwise a run without credentials is
         refused at start, naming where credentials come from.
     client: "boto3" (default) or "s3torchconnector"; ``instcls bench data`` measures both.
-    max_in_flight: ranged GETs one process keeps in flight (its connection pool is as large): the
-        bytes of ``max_in_flight / latency`` samples a second.
+    max_in_flight: ranged GETs one process keeps in flight, on one pool of as many threads and
+        connections shared by its readers (the torch loader's workers are processes of their own):
+        the bytes of ``max_in_flight / latency`` samples a second.
     connect_timeout_s, read_timeout_s: one request's bounds.
     outage_retry_s: how long a read keeps retrying, with backoff, while the store does not answer
         (a restart, a network blip) before the run stops with exit 1, which the Job retries.

@@ -11,7 +11,7 @@ from data_pipeline.shardset.set_files import manifest_sha256
 from data_pipeline.storage.read_stats import read_stats
 from data_pipeline.storage.storage_errors import BucketNotFoundError, StorageAccessError, StorageUnavailableError
 from data_pipeline.storage.storage_settings import StorageSettings, use_storage_settings
-from data_pipeline.storage.stores import forget_stores
+from data_pipeline.storage.stores import forget_stores, open_store
 
 pytestmark = pytest.mark.xdist_group("s3")
 
@@ -40,10 +40,10 @@ def test_an_s3_set_reads_the_same_bytes_labels_and_digest_as_on_disk(s3_env, col
     local, remote = SampleTable(color_shards), SampleTable(colors_on_s3)
     assert remote.num_samples == local.num_samples
     ids = np.arange(local.num_samples)
+    expected = [local.read_jpeg(i) for i in ids]
     before = read_stats().snapshot()
-    assert [remote.read_jpeg(i) for i in ids] == [local.read_jpeg(i) for i in ids]
-    requests = read_stats().snapshot().since(before).requests
-    assert requests >= local.num_samples  # one ranged GET per image (plus the local reads)
+    assert [remote.read_jpeg(i) for i in ids] == expected
+    assert read_stats().snapshot().since(before).requests == local.num_samples  # one ranged GET per image
     assert remote.labels(ids).tolist() == local.labels(ids).tolist()
     assert manifest_sha256(colors_on_s3) == manifest_sha256(color_shards)
     assert remote.describe(3) == local.describe(3)  # the same shard and key in errors
@@ -114,7 +114,8 @@ def test_a_store_that_stops_mid_epoch_is_retried_then_stops_the_run(s3_env, s3_s
     s3_server.pause()
     try:
         started = time.monotonic()
-        with pytest.raises(StorageUnavailableError, match=r"no answer after retrying for 2 s.*resumes"):
+        outage = r"no answer after retrying for [\d.]+ s \(data\.storage\.outage_retry_s=2;.*resumes"
+        with pytest.raises(StorageUnavailableError, match=outage):
             remote.read_jpeg(1)
         took = time.monotonic() - started
     finally:
@@ -181,3 +182,52 @@ def test_tars_indexed_in_place_resolve_under_the_prefix_as_on_disk(s3_env, s3_se
     assert remote.labels(np.arange(local.num_samples)).tolist() == local.labels(np.arange(local.num_samples)).tolist()
     with pytest.raises(ValueError, match="resolves outside the bucket"):
         S3Url("s3://instcls-reads/wds/index").key("../../../x.tar")
+
+
+def test_a_store_that_resets_every_connection_is_retried_as_an_outage(s3_env, monkeypatch):
+    """Connections closed under the request (a restarting store, a proxy dropping them) are the
+    network's fault: retried with backoff and counted, then the run stops with exit 1's error."""
+    import socket
+    import struct
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+
+    def reset_every_connection():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST on close
+            conn.recv(1024)
+            conn.close()
+
+    threading.Thread(target=reset_every_connection, daemon=True).start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{listener.getsockname()[1]}")
+    before = read_stats().snapshot()
+    try:
+        with pytest.raises(StorageUnavailableError, match="no answer after retrying"):
+            SampleTable("s3://instcls-reads/sets/colors")
+    finally:
+        listener.close()
+    assert read_stats().snapshot().since(before).retries >= 2
+
+
+def test_with_skip_a_refused_credential_stops_the_run_instead_of_blanking_samples(s3_env, colors_on_s3,
+                                                                                  monkeypatch):
+    """on_bad_sample: skip is for damaged samples; keys rotated mid-run would otherwise blank them all."""
+    from data_pipeline.loading.sample_reader import StepReader
+    from data_pipeline.loading.samplers.epoch_permutation import EpochPermutationSampler
+
+    table = SampleTable(colors_on_s3)
+    reader = StepReader(table, EpochPermutationSampler(table.num_samples, 1, 5, 0), rank=0, seed=0, augment=None,
+                        skip_bad_samples=True)
+    assert not reader.read(0, 0).samples.skipped
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "rotated")
+    forget_stores()
+    table.store = open_store(colors_on_s3)  # a client made with the rotated key, as a restarted rank would
+    with pytest.raises(StorageAccessError, match="refused the request's credentials"):
+        reader.read(0, 1)

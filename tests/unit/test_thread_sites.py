@@ -19,6 +19,7 @@ CPU_ONLY = {
         "reads files and draws augmentation parameters in numpy; DALI's own threads get device_id",
     ("data_pipeline/loading/sample_reader.py", "StepReader._map"):
         "os.pread or ranged GETs of shard bytes, and image headers",
+    ("data_pipeline/storage/s3_store.py", "S3Store.executor"): "ranged GETs of shard bytes, shared by the readers",
     ("data_pipeline/ingest/s3_staging.py", "fetch_records"): "GETs an ingest's shard records from S3 for its merge",
     ("trainer/bench/step_reads.py", "ReadAhead.__init__"): "reads shard bytes ahead, as the DALI source does",
     ("trainer/observability/exporter.py", "serve_bounded"): "serves the Prometheus registry's host-side values",

@@ -102,7 +102,7 @@ def step_reader(table: SampleTable, batch: int, threads: int) -> StepReader:
     config = LoaderConfig(batch_size=batch, num_threads=threads, augment=AugmentConfig())
     sampler = default_sampler(table.num_samples, config, world_size=1, train=True)
     return StepReader(table, sampler, rank=0, seed=config.sample_seed, augment=config.augment,
-                      read_threads=table.store.concurrency or threads)
+                      read_threads=threads)  # s3:// reads on the store's own pool
 
 
 def measure_reads(table: SampleTable, batch: int, threads: int, warmup: int, steps: int,

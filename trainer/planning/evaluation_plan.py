@@ -5,7 +5,6 @@ extracting its features takes at a stated rate."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import torch
 
@@ -28,10 +27,13 @@ EXTRACTION_IMAGES_PER_SECOND = 3_500.0
 END_OF_RUN_NETWORKS = 2  # the trained network and its random init, each extracts the bank and the queries
 
 
-def _manifest(shards: Path | None) -> dict:
+def _manifest(shards) -> dict:
+    """The manifest's fields, from a directory or an s3:// prefix; {} when it is not reachable from here."""
+    from data_pipeline.contract import manifest_bytes
+
     try:
-        return json.loads((Path(shards) / "manifest.json").read_text()) if shards is not None else {}
-    except (OSError, ValueError):
+        return json.loads(manifest_bytes(shards)) if shards is not None else {}
+    except (OSError, ValueError):  # not here, unreachable, refused: the plan assumes sizes and says so
         return {}
 
 
