@@ -45,9 +45,9 @@ class SampleTable:
     def __init__(self, shard_dir: ShardLocation | str) -> None:
         self.shard_dir = shard_location(shard_dir)
         self.store = open_store(self.shard_dir)
+        manifest = load_manifest(self.shard_dir)
         if not isinstance(self.shard_dir, S3Url):  # a set rewritten in place: new tars, never read through old handles
             self.store.renew((Path(self.shard_dir) / MANIFEST_NAME).stat().st_mtime_ns)
-        manifest = load_manifest(self.shard_dir)
         self.num_samples = manifest.num_instances
         self.shards = sorted(manifest.shards, key=lambda entry: entry.first_id) if manifest.legacy else manifest.shards
         first_ids = np.array([entry.first_id for entry in self.shards], dtype=np.int64)

@@ -14,7 +14,7 @@ from trainer.checkpoint.row_checkpoint import read_full_rows, read_metadata
 from trainer.drills.jobs import REPO, train_command
 
 __all__ = ["REPO", "train_command", "FAST", "run_train", "latest_checkpoint", "classifier_rows", "step_losses",
-           "eval_knn", "replica_checks"]
+           "losses_by_step", "eval_knn", "replica_checks"]
 
 
 FAST = ["data.loader.batch_size=64", "optim.epochs=4", "optim.warmup_epochs=1", "parallel.deterministic=true"]
@@ -65,6 +65,13 @@ def classifier_rows(checkpoint: Path) -> dict[str, torch.Tensor]:
 def step_losses(run_dir: Path) -> list[float]:
     lines = (run_dir / "logs" / "rank-00000.jsonl").read_text().splitlines()
     return [json.loads(line)["loss"] for line in lines if '"event": "step"' in line]
+
+
+def losses_by_step(run_dir: Path) -> dict[int, float]:
+    """The logged loss of each step as last trained (a resumed run trains the steps after its
+    checkpoint again)."""
+    records = [json.loads(line) for line in (run_dir / "logs" / "rank-00000.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if r.get("event") == "step"}
 
 
 def eval_knn(config: str, checkpoint: Path | str, shards, capsys) -> float:

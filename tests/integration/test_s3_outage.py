@@ -3,26 +3,20 @@
 the URL, its last checkpoint intact; once the store is back, the same command resumes from that
 checkpoint and the run ends where an uninterrupted one does."""
 
-import json
 import subprocess
 import time
 
 import pytest
 
-from tests.helpers.training import REPO, run_train, train_command
+from tests.helpers.training import REPO, losses_by_step, run_train, train_command
 from trainer.drills.jobs import job_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("s3")]
 
 SETTINGS = ["data.loader.batch_size=32", "data.loader.backend=torch", "data.loader.num_threads=1", "optim.epochs=5",
-            "logging.log_every=1", "checkpoint.every_epochs=1", "parallel.deterministic=true",
+            "logging.log_every=1", "eval.knn_at_end=true", "eval.linear_at_end=false", "checkpoint.every_epochs=1",
+            "parallel.deterministic=true",
             "data.storage.outage_retry_s=3", "data.storage.read_timeout_s=2", "data.storage.connect_timeout_s=1"]
-
-
-def _losses_by_step(run_dir) -> dict[int, float]:
-    """The loss of each step as last trained (a resumed run trains the steps after its checkpoint again)."""
-    records = [json.loads(line) for line in (run_dir / "logs" / "rank-00000.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in records if r.get("event") == "step"}
 
 
 def test_a_store_outage_mid_run_exits_1_and_the_run_resumes_once_it_is_back(tiny_digits_split, s3_server, tmp_path,
@@ -56,6 +50,10 @@ def test_a_store_outage_mid_run_exits_1_and_the_run_resumes_once_it_is_back(tiny
     assert f"resumed from {run_dir / 'checkpoints' / saved[-1]}" in resumed.stdout + resumed.stderr
 
     monkeypatch.setenv("INSTCLS_TABLE_CACHE", str(tmp_path / "table-cache"))
-    run_train(tmp_path / "disk", tiny_digits_split, 2, SETTINGS)
-    assert _losses_by_step(run_dir) == _losses_by_step(tmp_path / "disk")
-    assert len(_losses_by_step(run_dir)) == 10
+    from_disk = run_train(tmp_path / "disk", tiny_digits_split, 2, SETTINGS)
+    assert losses_by_step(run_dir) == losses_by_step(tmp_path / "disk")
+    # the end-of-run kNN read its bank and queries from the bucket: the same scores as from disk
+    scores = [[line.rsplit(" (", 1)[0] for line in out.splitlines() if "kNN accuracy" in line]
+              for out in (resumed.stdout, from_disk.stdout)]
+    assert scores[0] and scores[0] == scores[1]
+    assert len(losses_by_step(run_dir)) == 10

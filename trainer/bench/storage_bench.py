@@ -32,8 +32,7 @@ import torch
 from data_pipeline.loading.augment.augment_config import AugmentConfig
 from data_pipeline.loading.loader import build_loader
 from data_pipeline.loading.loader_config import LoaderConfig
-from data_pipeline.shardset import sample_table as sample_table_module
-from data_pipeline.shardset.sample_table import SampleTable
+from data_pipeline.shardset.sample_table import SampleTable, forget_tables
 from data_pipeline.storage.shard_url import S3Url, shard_location
 from data_pipeline.storage.storage_settings import S3_CLIENTS, StorageSettings, storage_settings, use_storage_settings
 from data_pipeline.storage.stores import forget_stores
@@ -62,11 +61,11 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
 
 
 def _fresh_stores(storage: StorageSettings) -> None:
-    """The next table and loader open their store anew with ``storage``: ``sample_table()`` keeps
-    one table (and its store) per location, and a proxied source has the direct one's URL."""
+    """The next table and loader open their store anew with ``storage`` (a proxied source has the
+    direct one's URL)."""
     use_storage_settings(storage)
     forget_stores()
-    sample_table_module._cached_table.cache_clear()
+    forget_tables()
 
 
 def decode_backend() -> str:
