@@ -4,6 +4,7 @@ builds a loader.  Everything else in data_pipeline is its own business; tests/un
 holds the rule.  (The CLI, benchmarks and drills make shards and may import any of it.)"""
 
 from data_pipeline.loading.augment.augment_config import IMAGENET_MEAN, IMAGENET_STD, AugmentConfig
+from data_pipeline.loading.augment.recipes import DEFAULT_RECIPE
 from data_pipeline.loading.base_loader import IndexedLoader
 from data_pipeline.loading.batch import Batch
 from data_pipeline.loading.device_copy import to_device
@@ -20,8 +21,8 @@ from data_pipeline.storage.shard_url import S3Url, ShardLocation, shard_location
 from data_pipeline.storage.storage_errors import StorageAccessError, StorageUnavailableError
 from data_pipeline.storage.storage_settings import StorageSettings, use_storage_settings
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "MANIFEST_NAME", "AugmentConfig", "Batch", "EpochPermutationSampler",
-           "IndexedLoader", "LoaderConfig", "S3Url", "Sampler", "SamplerConfig", "SampleTable", "ShardLocation",
-           "ShardManifest", "StepIndices", "StorageAccessError", "StorageSettings", "StorageUnavailableError",
-           "ViewLayout", "build_loader", "has_manifest", "load_manifest", "manifest_bytes", "manifest_sha256",
-           "read_stats", "sample_table", "shard_location", "to_device", "use_storage_settings"]
+__all__ = ["DEFAULT_RECIPE", "IMAGENET_MEAN", "IMAGENET_STD", "MANIFEST_NAME", "AugmentConfig", "Batch",
+           "EpochPermutationSampler", "IndexedLoader", "LoaderConfig", "S3Url", "Sampler", "SamplerConfig",
+           "SampleTable", "ShardLocation", "ShardManifest", "StepIndices", "StorageAccessError", "StorageSettings",
+           "StorageUnavailableError", "ViewLayout", "build_loader", "has_manifest", "load_manifest", "manifest_bytes",
+           "manifest_sha256", "read_stats", "sample_table", "shard_location", "to_device", "use_storage_settings"]

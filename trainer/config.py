@@ -331,7 +331,8 @@ class JobConfig:
 
     ``seed`` is the run's one seed: the initial weights (backbone, head, the objective's rows or
     prototypes), and, unless ``data.loader.seed`` is set, the order the samples are read in and
-    every augmentation parameter (docs/training.md lists what each seed controls)."""
+    every augmentation parameter (docs/training.md lists what each seed controls).  Likewise an unset
+    ``data.loader.augment.recipe`` becomes the objective's ``default_recipe()``, its paper's."""
 
     data: DataSection
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -353,6 +354,9 @@ class JobConfig:
                               "(null) to train for optim.epochs")
         if self.data.loader.seed is None:  # one seed: the data order and the views follow the weights' seed
             object.__setattr__(self, "data", replace(self.data, loader=replace(self.data.loader, seed=self.seed)))
+        if self.data.loader.augment.recipe is None:  # the objective's paper's augmentation
+            augment = replace(self.data.loader.augment, recipe=self.objective.default_recipe())
+            object.__setattr__(self, "data", replace(self.data, loader=replace(self.data.loader, augment=augment)))
 
 
 def load_job_config(path: Path | str, overrides: list[str] | None = None) -> JobConfig:

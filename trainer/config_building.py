@@ -63,6 +63,9 @@ def _coerce(hint, value, where: str):
             return None
         if S3Url in options and isinstance(value, str) and value.startswith("s3://"):
             return _coerce(S3Url, value, where)  # what is wrong with the URL, not "expected a URL or a path"
+        settable = [option for option in options if option is not type(None)]
+        if len(settable) == 1 and typing.get_origin(settable[0]) is tuple:
+            return _coerce(settable[0], value, where)  # its own message: "a list of 2 numbers", not the type's name
         for option in options:
             if option is type(None):
                 continue

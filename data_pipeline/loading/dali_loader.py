@@ -4,8 +4,9 @@ decoder with ``device_id=None`` otherwise) and does all pixel work.
 
 Every random choice arrives as a per-sample argument input (crop box -> ``fn.resize`` ROI, colour
 map -> ``fn.coord_transform``, blur flag, sigma and window -> a DALI conditional around
-``fn.gaussian_blur``, flip -> ``crop_mirror_normalize(mirror=...)``); the pipeline has no random
-operator, so its output is a pure function of the step and any step can be produced first.
+``fn.gaussian_blur``, solarize flag -> another around arithmetic (DALI has no solarize operator:
+``solarized``), flip -> ``crop_mirror_normalize(mirror=...)``); the pipeline has no random operator, so
+its output is a pure function of the step and any step can be produced first.
 
 One pipeline (and its nvJPEG decoder, thread pool and buffers) serves every ``epoch_batches`` call
 of a loader: each pass points its source at a new ``(epoch, steps)``; the source maps DALI's
@@ -43,9 +44,11 @@ import re
 from collections import deque
 from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import accumulate
 
 import torch
 from nvidia.dali import Pipeline, fn, pipeline_def, types
+from nvidia.dali import math as dmath
 from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
 from data_pipeline.loading.augment.augment_config import IMAGENET_MEAN, IMAGENET_STD, AugmentConfig
@@ -56,7 +59,8 @@ from data_pipeline.shardset.sample_table import RECREATE
 
 _MEAN = [255 * m for m in IMAGENET_MEAN]
 _STD = [255 * s for s in IMAGENET_STD]
-# Per view: ROI start (y, x), ROI end (y, x), colour map [M | t], blur flag, sigma, window, mirror flag.
+# Per view: ROI start (y, x), ROI end (y, x), colour map [M | t], blur flag, sigma, window, mirror flag; then,
+# only for a view its recipe may solarize, the solarize flag (so a recipe without solarize builds no branch for it).
 _VIEW_TYPES = [types.FLOAT, types.FLOAT, types.FLOAT, types.BOOL, types.FLOAT, types.INT32, types.INT32]
 _VIEW_NDIMS = [1, 1, 2, 0, 0, 0, 0]
 
@@ -68,8 +72,8 @@ class _StepSource:
     """DALI's batch source: iteration i -> the encoded images and view parameters of ``steps[i]``,
     read ahead by a background thread (see the module docstring)."""
 
-    def __init__(self, reader: StepReader) -> None:
-        self.reader = reader
+    def __init__(self, reader: StepReader, solarized_views: frozenset[int] = frozenset()) -> None:
+        self.reader, self.solarized_views = reader, solarized_views  # views that carry a solarize flag
         self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (owning pid: threads do not survive a fork)
         self._reads: dict[int, Future] = {}
         self.start(epoch=0, steps=range(0))
@@ -100,34 +104,60 @@ class _StepSource:
         self._read_ahead(iteration + 1)
         self.pending.append(inputs.samples)
         outputs = [inputs.jpegs]
-        for view in inputs.views:
+        for index, view in enumerate(inputs.views):
             top_left, height_width = view.crop[:, :2], view.crop[:, 2:]
             outputs += [top_left.astype("float32"), (top_left + height_width).astype("float32"), view.colour,
                         view.blur, view.sigma, view.window, view.flip.astype("int32")]
+            if index in self.solarized_views:
+                outputs.append(view.solarize)
         return outputs
 
 
-def _view(images, size: int, roi_start, roi_end, colour, blur, sigma, window, mirror):
+def solarized(images):
+    """Solarize uint8 images: a level ``x`` below ``SOLARIZE_THRESHOLD`` (128) stays, one from it on
+    becomes ``255 - x``.  DALI has no such operator; at 128 the result is ``min(x, 255 - x)`` (below
+    128, ``255 - x`` > 127 >= ``x``; from 128 on, ``255 - x`` <= 127 < ``x``), one arithmetic
+    expression that stays uint8."""
+    return dmath.min(images, types.Constant(255, dtype=types.UINT8) - images)
+
+
+def solarize_where(images, flags):
+    """``solarized`` on the samples whose per-sample bool ``flags`` is set (a DALI conditional)."""
+    if flags:
+        images = solarized(images)
+    return images
+
+
+def _view(images, size: int, roi_start, roi_end, colour, blur, sigma, window, mirror, solarize=None):
     images = fn.resize(images, size=[size, size], roi_start=roi_start, roi_end=roi_end)
     images = fn.coord_transform(images, MT=colour, dtype=types.UINT8)  # rounds and saturates, like the fallback
     if blur:
         images = fn.gaussian_blur(images, sigma=sigma, window_size=window)
+    if solarize is not None:  # decided when the graph is built: only views the recipe may solarize
+        images = solarize_where(images, solarize)
     return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=_MEAN, std=_STD,
                                     mirror=mirror)
+
+
+def solarized_views(augment: AugmentConfig) -> frozenset[int]:
+    """The views whose recipe probability of solarize is above 0 (``AugmentConfig.effective_recipe``)."""
+    recipe = augment.effective_recipe()
+    return frozenset(v for v in range(len(augment.view_specs())) if recipe.view(v).solarize > 0)
 
 
 @pipeline_def(enable_conditionals=True)
 def _train_pipeline(source: _StepSource, decode_device: str, augment: AugmentConfig):
     specs = augment.view_specs()
+    per_view = [_VIEW_TYPES + [types.BOOL] * (v in source.solarized_views) for v in range(len(specs))]
+    ndims = [_VIEW_NDIMS + [0] * (v in source.solarized_views) for v in range(len(specs))]
     jpegs, *params = fn.external_source(
-        source=source, num_outputs=1 + len(_VIEW_TYPES) * len(specs), batch=True,
-        dtype=[types.UINT8] + _VIEW_TYPES * len(specs), ndim=[1] + _VIEW_NDIMS * len(specs),
+        source=source, num_outputs=1 + sum(map(len, per_view)), batch=True,
+        dtype=[types.UINT8] + [t for view in per_view for t in view], ndim=[1] + [n for view in ndims for n in view],
     )
     # EXIF orientation is ignored, as PIL does: crop boxes come from the header size PIL reads.
     images = fn.decoders.image(jpegs, device=decode_device, output_type=types.RGB, adjust_orientation=False)
-    per_view = len(_VIEW_TYPES)
-    return tuple(_view(images, size, *params[v * per_view:(v + 1) * per_view])
-                 for v, (size, _) in enumerate(specs))
+    bounds = list(accumulate(map(len, per_view), initial=0))  # where each view's inputs start
+    return tuple(_view(images, size, *params[bounds[v]:bounds[v + 1]]) for v, (size, _) in enumerate(specs))
 
 
 @pipeline_def
@@ -155,7 +185,7 @@ class DaliLoader(IndexedLoader):
         device_id = None  # DALI's CPU-only mode
         if use_gpu:
             device_id = torch.cuda.current_device() if self.device.index is None else self.device.index
-        source = _StepSource(self.reader)
+        source = _StepSource(self.reader, solarized_views(self.config.augment) if self.train else frozenset())
         build = _train_pipeline if self.train else _eval_pipeline
         pipeline = build(
             source=source, decode_device="mixed" if use_gpu else "cpu", augment=self.config.augment,

@@ -89,6 +89,11 @@ class StepReader:
         self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (owning pid: threads do not survive a fork)
         self.undecodable_ids: dict[int, str] = {}  # id -> why: bodies a decoder failed on, read as the blank
 
+    def __getstate__(self) -> dict:
+        """A DataLoader worker started by spawn or forkserver gets the reader pickled: its threads are
+        made there."""
+        return {**self.__dict__, "_pool": None}
+
     def _map(self, function, items, tally: ReadTally) -> list:
         """``function`` over ``items`` on the read threads, their store reads counted into ``tally``."""
         def counted(item):

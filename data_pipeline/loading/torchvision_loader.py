@@ -5,7 +5,7 @@ It is a map-style dataset over steps: item i is the whole batch of step ``steps[
 so workers prepare whole steps ahead in order, and starting at step k costs nothing.  It applies
 the parameters of ``data_pipeline.loading.augment.view_params`` with the same operations as the DALI graph: crop
 box resized with antialiased bilinear filtering, the affine colour map rounded and saturated to
-uint8, the Gaussian blur with the drawn sigma and kernel window, flip, normalisation.  What
+uint8, the Gaussian blur with the drawn sigma and kernel window, solarize, flip, normalisation.  What
 still differs is the decoders' and resamplers' arithmetic: under one grey level on average, a few
 at sharp edges (``tests/integration/test_loaders.py`` holds both backends to that).
 
@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms.v2 import functional as F
 
 from data_pipeline.loading.augment.augment_config import IMAGENET_MEAN, IMAGENET_STD, AugmentConfig
+from data_pipeline.loading.augment.recipes import SOLARIZE_THRESHOLD
 from data_pipeline.loading.augment.view_params import ViewParams
 from data_pipeline.loading.base_loader import IndexedLoader
 from data_pipeline.loading.batch import Batch
@@ -57,6 +58,11 @@ def recolour(image: torch.Tensor, colour: np.ndarray) -> torch.Tensor:
     return out.round_().clamp_(0, 255).to(torch.uint8)
 
 
+def solarize(image: torch.Tensor) -> torch.Tensor:
+    """Every level of a uint8 image from ``SOLARIZE_THRESHOLD`` on becomes ``255 - level``."""
+    return torch.where(image < SOLARIZE_THRESHOLD, image, 255 - image)
+
+
 def normalise(image: torch.Tensor) -> torch.Tensor:
     return F.normalize(F.to_dtype(image, torch.float32, scale=True), IMAGENET_MEAN, IMAGENET_STD)
 
@@ -69,6 +75,8 @@ def augmented_view(image: torch.Tensor, view: ViewParams, index: int) -> torch.T
     if view.blur[index]:
         sigma, window = float(view.sigma[index]), int(view.window[index])
         out = F.gaussian_blur(out, [window, window], [sigma, sigma])
+    if view.solarize[index]:
+        out = solarize(out)
     if view.flip[index]:
         out = F.horizontal_flip(out)
     return normalise(out)

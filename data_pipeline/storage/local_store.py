@@ -35,6 +35,17 @@ class LocalStore:
     def describe(self, relative: str) -> str:
         return str(self.root / relative)
 
+    def __getstate__(self) -> dict:
+        """Pickled into a process started by spawn or forkserver (a DataLoader worker in a process
+        that a forkserver started, Python 3.14's default): handle numbers mean nothing there, or
+        another file, so it opens its own, with room for them."""
+        return {"root": self.root, "shards": _room.get(str(self.root), 0)}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["root"])
+        if state["shards"]:
+            self.make_room(state["shards"])
+
     def make_room(self, shards: int) -> None:
         """Let this process keep ``shards`` handles of this set open, beside those of its other sets
         (a training set, a held-out set and a kNN bank may all be local)."""

@@ -44,6 +44,13 @@ class S3Store:
         self._reached = False  # a request of this process got an answer: later failures are outages
         self._executor: tuple[int, ThreadPoolExecutor] | None = None
 
+    def __getstate__(self) -> dict:
+        """Pickled into a spawned process: its client and threads are made there, on first use."""
+        return {"url": self.url, "settings": self.settings}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["url"], state["settings"])
+
     def executor(self) -> ThreadPoolExecutor:
         """The process's ``max_in_flight`` threads for this store's reads, shared by every reader of it
         (a training and an evaluation loader, the steps read ahead), so that the requests in flight

@@ -229,8 +229,39 @@ def two_gloo_ranks() -> None:
     spawn_local_workers(_two_ranks, 2)
 
 
+def positive_logit_and_frozen_rows() -> None:
+    """MoCo's queue as the rows: a per-sample positive logit that is no row joins the softmax as its
+    target, and rows that need no gradient (the queue) get no row-gradient kernel; the loss and the
+    gradients of the features and of the positive's key match ``F.cross_entropy`` on the full float64
+    ``[B, 1 + K]`` logits."""
+    from tests.helpers.moco_reference import reference_infonce
+    from trainer.classifier.kernel import fused
+
+    def no_row_gradient(*args, **kwargs):
+        raise AssertionError("the fused backward computed a gradient for rows that need none")
+
+    fused._grad_weight = no_row_gradient
+    generator = torch.Generator().manual_seed(41)
+    query = F.normalize(torch.randn(BATCH, DIM, generator=generator), dim=1)
+    key = F.normalize(query + 0.5 * torch.randn(BATCH, DIM, generator=generator), dim=1)
+    queue = F.normalize(torch.randn(NUM_ROWS, DIM, generator=generator), dim=1)
+    no_rows = torch.empty(BATCH, 0, dtype=torch.int64, device=DEVICE)
+    for dtype, form in itertools.product(DTYPES, ["paper", "soft_target"]):
+        q = query.to(dtype).to(DEVICE, copy=True).requires_grad_()
+        k = key.to(DEVICE, copy=True).requires_grad_()
+        positive = (q.float() * k).sum(dim=1) / TAU
+        loss = sharded_cosine_ce(q, queue.to(DEVICE), no_rows, torch.ones(BATCH, 1, device=DEVICE),
+                                 _fused(form, chunk_size=13), None, positive_logits=positive).mean()
+        loss.backward()
+        ref_loss, _, ref_q, ref_k = reference_infonce(query.to(dtype).float(), key, queue, TAU)
+        _check(f"{dtype} {form} positive logit, frozen rows", dtype,
+               [("loss", loss.detach().cpu(), ref_loss), ("dL/dq", q.grad.cpu(), ref_q),
+                ("dL/dk", k.grad.cpu(), ref_k)])
+
+
 CHECKS = {f.__name__: f for f in (every_case_on_one_rank, padding_and_negative_weights, in_backward_sgd,
-                                  deterministic_repeats, ops_trace_under_compile, two_gloo_ranks)}
+                                  deterministic_repeats, ops_trace_under_compile, two_gloo_ranks,
+                                  positive_logit_and_frozen_rows)}
 
 if __name__ == "__main__":
     CHECKS[sys.argv[1]]()

@@ -163,9 +163,11 @@ def test_a_resumed_epoch_is_bit_identical_and_reads_nothing_before_its_step(digi
     assert list(restarted.epoch_batches(4, start_step=15)) == []
 
 
-def test_both_backends_read_the_same_samples_and_apply_the_same_parameters(digits_shards):
+@pytest.mark.parametrize("recipe", ["moco_v2", "byol"])  # byol: asymmetric views, the second one solarized
+def test_both_backends_read_the_same_samples_and_apply_the_same_parameters(digits_shards, recipe):
+    augment = AugmentConfig(image_size=32, recipe=recipe)
     loaders = {backend: build_loader(digits_shards, LoaderConfig(batch_size=64, backend=backend, num_threads=2,
-                                                                 augment=AugmentConfig(image_size=32)),
+                                                                 augment=augment),
                                      0, 1, CPU, train=True) for backend in BACKENDS}
     dali, fallback = (list(itertools.islice(loaders[b].epoch_batches(2, 5), 3)) for b in BACKENDS)
     for ours, theirs in zip(dali, fallback, strict=True):
@@ -173,8 +175,10 @@ def test_both_backends_read_the_same_samples_and_apply_the_same_parameters(digit
         assert ours.step == theirs.step and ours.global_valid == theirs.global_valid
         params = [loaders[b].reader.read(2, ours.step).views for b in BACKENDS]
         for a, b in zip(*params, strict=True):
-            fields = ("crop", "flip", "colour", "blur", "sigma", "window")
+            fields = ("crop", "flip", "colour", "blur", "sigma", "window", "solarize")
             assert all(np.array_equal(getattr(a, f), getattr(b, f)) for f in fields)
+        solarized = sum(int(view.solarize.sum()) for view in params[0])
+        assert (solarized > 0) == (recipe == "byol"), solarized
         # Same parameters, different decoder and resampler arithmetic: under a grey level on average.
         for a, b in zip(ours.views, theirs.views, strict=True):
             gap = (a - b).abs()
@@ -186,6 +190,32 @@ def test_both_backends_read_the_same_samples_and_apply_the_same_parameters(digit
     )
     assert torch.equal(dali.labels, fallback.labels) and torch.equal(dali.instance_ids, fallback.instance_ids)
     assert (dali.views[0] - fallback.views[0]).abs().mean() < 0.02
+
+
+def test_dali_solarize_follows_byols_definition_on_the_flagged_samples():
+    """DALI has no solarize operator; the loader's arithmetic against BYOL's definition on levels in
+    [0, 1] (``x`` below 0.5, else ``1 - x``), on every level of 0..255, and only where flagged."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    from data_pipeline.loading.dali_loader import solarize_where
+
+    unit = np.arange(256) / 255.0
+    expected = np.round(np.where(unit < 0.5, unit, 1.0 - unit) * 255.0).reshape(16, 16, 1).repeat(3, axis=2)
+    image = np.arange(256, dtype=np.uint8).reshape(16, 16, 1).repeat(3, axis=2)
+    batch = ([image, image], [np.array(True), np.array(False)])
+
+    @pipeline_def(enable_conditionals=True, batch_size=2, num_threads=1, device_id=None)
+    def solarizing():
+        pixels, flags = fn.external_source(source=lambda: batch, num_outputs=2, batch=True,
+                                           dtype=[types.UINT8, types.BOOL], ndim=[3, 0])
+        return solarize_where(pixels, flags)
+
+    pipeline = solarizing()
+    pipeline.build()
+    (out,) = pipeline.run()
+    assert out.dtype == types.UINT8
+    np.testing.assert_array_equal(out.at(0), expected)
+    np.testing.assert_array_equal(out.at(1), image)
 
 
 def test_a_sampler_for_another_world_is_refused(digits_shards):

@@ -16,8 +16,10 @@ from trainer.classifier.kernel.chunked import KernelSettings
 
 # Not imported from the checks' module: importing it sets TRITON_INTERPRET in this process.
 CHECKS = ("every_case_on_one_rank", "padding_and_negative_weights", "in_backward_sgd", "deterministic_repeats",
-          "two_gloo_ranks", "ops_trace_under_compile")
+          "two_gloo_ranks", "ops_trace_under_compile", "positive_logit_and_frozen_rows")
 DEFAULT_RUN = {"every_case_on_one_rank", "two_gloo_ranks"}  # each other check runs in `make test-all`
+# Two ranks run on CPUs only (gloo's collectives take CPU tensors); tracing the ops needs no GPU.
+GPU_SKIPS = {"two_gloo_ranks", "ops_trace_under_compile"}
 
 
 @pytest.mark.parametrize("check", [check if check in DEFAULT_RUN else pytest.param(check, marks=pytest.mark.slow)
@@ -31,7 +33,7 @@ def test_the_fused_kernels_match_the_float64_reference(check):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("check", CHECKS[:4])  # gloo's collectives take CPU tensors: two ranks run on CPUs only
+@pytest.mark.parametrize("check", [check for check in CHECKS if check not in GPU_SKIPS])
 def test_the_compiled_kernels_match_the_float64_reference_on_a_gpu(check):
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env |= {"INSTCLS_FUSED_DEVICE": "cuda", "INSTCLS_FUSED_AUTOTUNE": "0"}  # numbers, not speed: one config

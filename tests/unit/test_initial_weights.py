@@ -37,6 +37,7 @@ def test_a_run_from_a_plain_torchvision_file_holds_every_backbone_tensor_of_it(t
     for key, value in loaded.items():
         assert torch.equal(value, plain[key]), key
     assert said == [f"model.init_from: {len(plain) - 2} backbone tensors from {tmp_path / 'resnet18.pth'}"
+                    "; layout: plain state dict (instcls export, torchvision or timm): no prefix stripped"
                     "; classifier keys dropped (2): fc.bias, fc.weight"], said
     random_init = starting_network(load_job_config(DEMO, [f"data.train_shards={tmp_path}", "model.arch=resnet18",
                                                           "model.small_input_stem=false"]))
@@ -52,12 +53,13 @@ def test_the_other_forms_of_a_backbone_file_load_the_same_tensors(tmp_path, form
     if form == "safetensors":
         path = tmp_path / "model.safetensors"
         save_file({k: v.contiguous() for k, v in trunk.items()}, str(path))
-        dropped = []
+        dropped, rule = [], "plain state dict (instcls export, torchvision or timm): no prefix stripped"
     elif form == "wrapped":
         path = tmp_path / "trained.pth"
         torch.save({"epoch": 3, "state_dict": {f"module.{k}": v for k, v in trunk.items()}}, path)
-        dropped = []
+        dropped, rule = [], "plain state dict (instcls export, torchvision or timm): prefix 'module.' stripped"
     else:
+        rule = "instcls checkpoint model.pt: prefix 'backbone.' stripped"
         path = tmp_path / "step_000000010"
         path.mkdir()
         torch.save(source.state_dict(), path / "model.pt")
@@ -65,7 +67,7 @@ def test_the_other_forms_of_a_backbone_file_load_the_same_tensors(tmp_path, form
                          if k.startswith("head."))
     target = build_model(ModelConfig(arch="resnet10", small_input_stem=True))
     report = load_initial_weights(target.backbone, path)
-    assert report.dropped == dropped and report.loaded == len(trunk)
+    assert report.dropped == dropped and report.loaded == len(trunk) and report.rule == rule
     for key, value in target.backbone.state_dict().items():
         assert torch.equal(value, trunk[key]), key
 

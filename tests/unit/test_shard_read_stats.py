@@ -75,3 +75,21 @@ def test_steps_read_at_once_each_count_exactly_their_own_reads(color_shards):
     for samples in steps:
         sizes = table.rows["size"][samples.ids].astype(np.int64)
         assert (samples.reads.requests, samples.reads.bytes) == (len(samples.ids), int(sizes.sum()))
+
+
+def test_a_reader_pickled_into_a_spawned_process_opens_its_own_handles(color_shards, tmp_path):
+    """DataLoader workers of a process that a forkserver started (Python 3.14's default) get the reader
+    pickled: handle numbers of the parent would name nothing there, or another file."""
+    import pickle
+
+    table = SampleTable(color_shards)
+    table.open_all()
+    expected = [table.read_jpeg(i) for i in range(table.num_samples)]
+    script = ("import pickle, sys\n"
+              "table = pickle.load(open(sys.argv[1], 'rb'))\n"
+              "print(sum(len(table.read_jpeg(i)) for i in range(table.num_samples)))")
+    (tmp_path / "table.pkl").write_bytes(pickle.dumps(table))
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "table.pkl")], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert int(result.stdout) == sum(len(data) for data in expected)

@@ -5,17 +5,22 @@ The file can be any of the forms a backbone travels in:
 - a plain timm or torchvision state dict, ``.pth``/``.pt`` (read with ``weights_only``) or
   ``.safetensors``, possibly wrapped the usual ways (``{"state_dict": ...}``, ``{"model": ...}``,
   a ``module.`` prefix from DDP);
-- another instcls run's checkpoint folder (its ``model.pt``, keys ``backbone.*`` and ``head.*``).
+- another instcls run's checkpoint folder (its ``model.pt``, keys ``backbone.*`` and ``head.*``);
+- a self-supervised method's checkpoint that holds a student and a teacher: MoCo v2's, DINO's full
+  checkpoint, a BYOL learner's of lucidrains/byol-pytorch (``model.init_from_part`` picks the
+  network; ``trainer.checkpoint.weight_layouts`` says each layout and its rule).
 
 The trunks of the registry are those libraries' networks without their classifier, so the keys
 match once a file's classifier (``fc.*`` of torchvision, ``head.*`` of timm, instcls's projection
 ``head.*``) is dropped; what is dropped is listed.  Everything else is strict unless
 ``model.init_strict: false``; a tensor of another shape is refused either way, naming the first one
-(another architecture, patch size or image size).
+(another architecture, patch size or image size).  A file none of whose tensors is the backbone's
+under any known layout is refused, naming the layouts.
 """
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,26 +28,34 @@ import torch
 from torch import nn
 
 from trainer.checkpoint.safe_load import UnsafeCheckpointError, load_data
+from trainer.checkpoint.weight_layouts import KNOWN_LAYOUTS, Selection, select_backbone
 
 CLASSIFIER_PREFIXES = ("fc.", "head.")  # torchvision's and timm's classifier, instcls's projection head
-_WRAPPERS = ("state_dict", "model", "module")
 _CHECKPOINT_MODEL = "model.pt"
 _EXPORT_WEIGHTS = "model.safetensors"
-_TRUNK_PREFIX = "backbone."
+# DINO's checkpoint.pth keeps its command line as an argparse.Namespace of plain values: a plain
+# attribute holder, allowed by name so that the file reads with weights_only.
+_PLAIN_OBJECTS = [argparse.Namespace]
 
 
 @dataclass
 class LoadedWeights:
-    """What ``load_initial_weights`` did, for the log: the file read and the keys left out."""
+    """What ``load_initial_weights`` did, for the log: the file read, the layout's rule and the keys
+    left out."""
 
     file: Path
     loaded: int
+    rule: str = ""  # the layout recognised and the prefix stripped
+    set_aside: dict[str, int] = field(default_factory=dict)  # the file's keys of other networks, per group
     dropped: list[str] = field(default_factory=list)  # the file's classifier keys
     missing: list[str] = field(default_factory=list)  # backbone tensors the file lacks (init_strict: false)
     unexpected: list[str] = field(default_factory=list)  # the file's tensors the backbone lacks (idem)
 
     def describe(self) -> str:
-        parts = [f"model.init_from: {self.loaded} backbone tensors from {self.file}"]
+        parts = [f"model.init_from: {self.loaded} backbone tensors from {self.file}", f"layout: {self.rule}"]
+        if self.set_aside:
+            groups = ", ".join(f"{group} ({count})" for group, count in self.set_aside.items())
+            parts.append(f"other keys dropped ({sum(self.set_aside.values())}): {groups}")
         for label, keys in (("classifier keys dropped", self.dropped), ("missing, left at random init", self.missing),
                             ("unexpected, ignored", self.unexpected)):
             if keys:
@@ -67,13 +80,14 @@ def weights_file(path: Path) -> Path:
     return path
 
 
-def _read(file: Path) -> dict:
+def _read(file: Path):
     try:
         if file.suffix == ".safetensors":
             from safetensors.torch import load_file
 
             return load_file(str(file), device="cpu")
-        return load_data(file, map_location="cpu")
+        with torch.serialization.safe_globals(_PLAIN_OBJECTS):
+            return load_data(file, map_location="cpu")
     except UnsafeCheckpointError:
         raise ValueError(f"model.init_from={file} is unreadable as plain tensors: it is not a torch file, or it "
                          "pickles objects, which could run code and are never loaded; save the network's "
@@ -83,39 +97,29 @@ def _read(file: Path) -> dict:
                          "dict saved with torch.save or safetensors") from None
 
 
-def _unwrap(state, file: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a state dict in its usual wrappers."""
-    while isinstance(state, dict) and not any(isinstance(v, torch.Tensor) for v in state.values()):
-        inner = next((state[key] for key in _WRAPPERS if isinstance(state.get(key), dict)), None)
-        if inner is None:
-            break
-        state = inner
-    if not isinstance(state, dict) or not state:
-        raise ValueError(f"model.init_from={file} holds no state dict (found {type(state).__name__}); give a file "
-                         "saved from a network's state_dict()")
-    tensors = {str(key): value for key, value in state.items() if isinstance(value, torch.Tensor)}
-    if all(key.startswith("module.") for key in tensors):  # saved from a DDP wrapper
-        tensors = {key[len("module."):]: value for key, value in tensors.items()}
-    if any(key.startswith(_TRUNK_PREFIX) for key in tensors):  # instcls's own model.pt: the trunk's part
-        tensors = {key[len(_TRUNK_PREFIX):] if key.startswith(_TRUNK_PREFIX) else key: value
-                   for key, value in tensors.items()}
-    return tensors
-
-
-def read_backbone_weights(path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
-    """``(file, tensors)``: the file ``path`` names and its tensors under the library network's keys
-    (classifier keys still in)."""
+def read_backbone_weights(path: Path, part: str | None = None) -> tuple[Path, Selection]:
+    """``(file, selection)``: the file ``path`` names and its backbone's tensors under the library
+    network's keys (classifier keys still in), found by its layout's rule; ``part`` picks the
+    student or the teacher of a file that holds both (None: the layout's default)."""
     file = weights_file(path)
-    return file, _unwrap(_read(file), file)
+    return file, select_backbone(_read(file), file, part)
 
 
-def load_initial_weights(backbone: nn.Module, path: Path, strict: bool = True) -> LoadedWeights:
+def load_initial_weights(backbone: nn.Module, path: Path, strict: bool = True,
+                         part: str | None = None) -> LoadedWeights:
     """Copy ``path``'s weights into ``backbone`` (the trunk, in place); raise ``ValueError`` naming the
-    key for another architecture, and, when ``strict``, for any missing or unexpected tensor."""
-    file, tensors = read_backbone_weights(path)
+    key for another architecture, and, when ``strict``, for any missing or unexpected tensor; naming
+    the known layouts for a file none of whose tensors is the backbone's."""
+    file, selection = read_backbone_weights(path, part)
+    tensors = selection.tensors
     expected = backbone.state_dict()
     dropped = sorted(key for key in tensors if key not in expected and key.startswith(CLASSIFIER_PREFIXES))
     tensors = {key: value for key, value in tensors.items() if key not in dropped}
+    if not any(key in expected for key in tensors):
+        first = ", ".join(sorted(selection.tensors)[:4]) or "none"
+        raise ValueError(f"model.init_from={file} is a layout init_from does not know: none of its tensors is one of "
+                         f"model.arch's backbone (read as {selection.rule}; its first keys: {first}). Known "
+                         f"layouts: {KNOWN_LAYOUTS}. Save the backbone in one of them, or check model.arch")
     for key, value in tensors.items():
         if key in expected and tuple(value.shape) != tuple(expected[key].shape):
             raise ValueError(f"model.init_from={file} is another architecture: {key} has shape "
@@ -132,7 +136,8 @@ def load_initial_weights(backbone: nn.Module, path: Path, strict: bool = True) -
         for key, value in tensors.items():
             if key in expected:
                 expected[key].copy_(value.to(expected[key].dtype))
-    return LoadedWeights(file, len(tensors) - len(unexpected), dropped, missing, unexpected)
+    return LoadedWeights(file, len(tensors) - len(unexpected), selection.rule, selection.set_aside, dropped, missing,
+                         unexpected)
 
 
 def starting_network(config, say=print, resumed: Path | None = None) -> nn.Module:
@@ -149,5 +154,6 @@ def starting_network(config, say=print, resumed: Path | None = None) -> nn.Modul
     if config.model.init_from is not None and resumed is not None:
         say(f"model.init_from={config.model.init_from} is ignored: the run resumes from {resumed}, whose weights win")
     elif config.model.init_from is not None:
-        say(load_initial_weights(model.backbone, config.model.init_from, config.model.init_strict).describe())
+        say(load_initial_weights(model.backbone, config.model.init_from, config.model.init_strict,
+                                 config.model.init_from_part).describe())
     return model

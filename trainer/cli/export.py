@@ -23,6 +23,9 @@ def register(commands) -> None:
     parser.add_argument("--with-head", action="store_true",
                         help="also write the projection head (head.safetensors), described in config.json")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --out folder")
+    parser.add_argument("--teacher", action="store_true",
+                        help="export the momentum teacher (teacher/model.pt) instead of the trained network, for an "
+                        "objective that keeps one (its own BatchNorm statistics included)")
     parser.set_defaults(handler=_run_export)
 
 
@@ -31,8 +34,10 @@ def _run_export(args: argparse.Namespace) -> int:
     from trainer.provenance.checkpoint_config import checkpoint_and_config
 
     checkpoint, config = checkpoint_and_config(args.checkpoint, args.config, args.overrides)
-    out = export_checkpoint(config, checkpoint, args.out, with_head=args.with_head, force=args.force)
+    out = export_checkpoint(config, checkpoint, args.out, with_head=args.with_head, force=args.force,
+                            teacher=args.teacher)
     constructor = library_network_of(config.model).code[0].splitlines()[0]
-    print(f"exported the backbone of {checkpoint} to {out} (model.safetensors, config.json, README.md)")
+    network = "the momentum teacher's backbone" if args.teacher else "the backbone"
+    print(f"exported {network} of {checkpoint} to {out} (model.safetensors, config.json, README.md)")
     print(f"load it as the model card shows, starting with: {constructor}")
     return 0

@@ -3,11 +3,13 @@
 The process joins a ``fake`` process group as rank R of T (collectives return at once and move no
 data), builds the job's objective on fake ``cuda:<R mod 8>`` tensors, starts an epoch and runs
 ``steps`` steps: the objective's loss on stand-in head features (random, of the backbone's dtype
-and the loader's view layout), the backward (``dry_run.backward``), ``after_backward`` and the
-objective's optimizers.  The sampler is the job's, so the ids, padding and PIC's sampled rows are
-the real run's.  What it records: the device memory peak (PyTorch's ``MemTracker``), every host
-sync (``host_syncs``), every collective (``collectives``), and the error that stopped the step
-(a device mismatch raises ``FakeTensorDeviceMismatchError`` at the first one).
+and the loader's view layout), the backward (``dry_run.backward``), ``after_backward``, the
+objective's optimizers and ``after_optimizer_step``.  An objective with a momentum teacher gets
+stand-in teacher features too (no gradient), for the views it names.  The sampler is the job's, so
+the ids, padding and PIC's sampled rows are the real run's.  What it records: the device memory peak
+(PyTorch's ``MemTracker``), every host sync (``host_syncs``), every collective (``collectives``), and
+the error that stopped the step (a device mismatch raises ``FakeTensorDeviceMismatchError`` at the
+first one).
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ class _StepInputs:
                                                        loader.seed, loader.last_batch, loader.sampler))
         self.layout, self.dims, self.dtype = loader.view_layout, dims, dtype
         self.feature_dim = config.model.feature_dim
+        self.teacher = config.objective.teacher_request(loader.view_layout)
 
     def _at(self, epoch: int, index: int) -> tuple[int, int]:
         """(epoch, step in it) of the ``index``-th step from the start of ``epoch`` (epochs roll over)."""
@@ -114,9 +117,13 @@ class _StepInputs:
         views = [View(torch.randn(plan.ids.shape[1], self.feature_dim, device=device, dtype=self.dtype,
                                   requires_grad=True), kind, position)
                  for position, kind in enumerate(self.layout.kinds)]
+        teacher = [View(torch.randn(plan.ids.shape[1], self.feature_dim, device=device, dtype=self.dtype),
+                        self.layout.kinds[position], position)
+                   for position in (self.teacher.views if self.teacher is not None else ())]
         return StepViews(views=views, instance_ids=to_device(plan.ids[rank], device),
                          valid=to_device(plan.valid[rank], device), global_valid=plan.global_valid, epoch=epoch,
-                         step=epoch * self.sampler.steps_per_epoch + step, plan=plan, next_plan=next_plan)
+                         step=epoch * self.sampler.steps_per_epoch + step, plan=plan, next_plan=next_plan,
+                         teacher=teacher)
 
 
 def run_rank(config: JobConfig, num_instances: int, world_size: int, rank: int, steps: int = 2,
@@ -218,4 +225,5 @@ def run_objective_steps(config: JobConfig, dims: ParallelDims, num_instances: in
         for optimizer in optimizers:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+        objective.after_optimizer_step(True)
         probe.step_done(report)

@@ -3,9 +3,11 @@
 One step on each rank::
 
     views -> engine (backbone + head, ZeRO) -> features per view [b, D]
+          (-> the momentum teacher, no grad, on the views it encodes, if the objective asked for one)
           -> objective.loss(StepViews)                 # e.g. the sharded instance classifier
     engine.backward(loss); engine.step()             # backbone grads averaged over all ranks
     objective.after_backward(); its optimizers step  # objective parameters live outside ZeRO
+    teacher moves towards the student's fp32 masters; objective.after_optimizer_step()
 
 The trainer never names a method: everything method-specific is behind ``trainer.objectives``.
 Host syncs happen only on log steps (loss value, input validation, NaN check, comm timers) and on
@@ -35,6 +37,7 @@ from trainer.checkpoint.initial_weights import starting_network
 from trainer.checkpoint.rng_state import RngState
 from trainer.checkpoint.run_end import finished_run_note
 from trainer.checkpoint.run_fingerprint import refuse_another_jobs_checkpoint, run_fingerprint
+from trainer.checkpoint.teacher_state import TeacherState
 from trainer.checkpoint.tracking_state import TrackingState, tracked_run_id
 from trainer.classifier.classifier_config import HeadSettings
 from trainer.config import JobConfig
@@ -48,6 +51,7 @@ from trainer.engine.run_record import RunRecord
 from trainer.engine.schedule import StepSchedules, refuse_unused_objective_settings, scaled_lr
 from trainer.engine.step_skipping import StepSkipper
 from trainer.engine.stop_conditions import NonFiniteWatch, StopSignal
+from trainer.engine.teacher_setup import TeacherSetup
 from trainer.engine.training_eval import TrainingEvaluation, evaluate_finished_run
 from trainer.engine.view_forward import forward_views
 from trainer.failpoints import fail_point, wait_point
@@ -138,6 +142,7 @@ class Trainer:
         )
         self.objective = build_objective(config.objective, context)
         refuse_unused_objective_settings(config.optim, self.objective, config.objective.name)
+        teacher = TeacherSetup.of_job(self.objective, config, dims)  # None, or refused here when it cannot be kept
 
         model = starting_network(config, self._say, resumed)  # the same initial network on every rank
         # Scored next to the trained network: does training beat the architecture alone?
@@ -145,6 +150,8 @@ class Trainer:
         self.evaluation = TrainingEvaluation.of_job(config, dims, model, self.log, self.metrics, self._say, baseline)
         one_rank_collectives = config.parallel.collectives_over_one_rank
         batch_norm = batch_norm_group(config.model.batch_norm, config.model.sync_batch_norm_group, dims)
+        if teacher is not None:
+            teacher.copy_network(model)  # the student's initial network, before DeepSpeed takes it
         model = apply_batch_norm_mode(model, config.model.batch_norm, batch_norm, one_rank_collectives)
         if config.model.compile:
             model.compile()  # in place: DeepSpeed's engine and the checkpoints see the same module and names
@@ -161,6 +168,8 @@ class Trainer:
                                          dims.device, train=True)
         self.steps_per_epoch = self.train_loader.steps_per_epoch
         total_steps = config.optim.epochs * self.steps_per_epoch
+        self.teacher = (teacher.build(self.engine, total_steps, batch_norm, one_rank_collectives)
+                        if teacher is not None else None)
         # The backbone's learning rate and the objective's (optim.objective_base_lr), one shape.
         self.schedules = StepSchedules.of_job(config.optim, self.global_batch, self.steps_per_epoch)
         self.record.show_progress(config.logging, total_steps, config.max_steps, self.steps_per_epoch)
@@ -180,6 +189,7 @@ class Trainer:
                                    global_batch=self.global_batch, restarts=self.restarts),
             "engine": EngineState(self.engine, log=self._say, network_statistics=self._network_statistics),
             "batch_norm": BatchNormState(self.engine.module),  # each rank's own statistics, after the engine's
+            **({"teacher": TeacherState(self.teacher, teacher.statistics_differ(batch_norm))} if self.teacher else {}),
             "objective": self.objective,
             "sampler": self.train_loader.sampler,
             "provenance": self.provenance,  # run.json: what made the weights beside it
@@ -367,12 +377,16 @@ class Trainer:
         optimizers = self.objective.optimizers()
         blocking_skip = self.skip_nonfinite and self.device_skip is None
         buffers = self.skipper.before_forward() if self.skip_nonfinite else None  # either path puts them back
+        if self.teacher is not None and self.skip_nonfinite:
+            self.teacher.remember_buffers()
         views = forward_views(self.engine, batch.views, self.views, self.dtype, self.config.model,
                               self.state.global_step + 1)
+        teacher_views = (self.teacher.encode(batch.views, self.views, self.dtype, self.config.model)
+                         if self.teacher is not None else [])
         self.phases.end("forward")
         step = StepViews(views=views, instance_ids=batch.instance_ids, valid=batch.valid,
                          global_valid=batch.global_valid, epoch=self.state.epoch, step=self.state.global_step,
-                         validate=validate, plan=batch.plan, next_plan=batch.next_plan)
+                         validate=validate, plan=batch.plan, next_plan=batch.next_plan, teacher=teacher_views)
         out = self.objective.loss(step)
         self.phases.end("objective")
         loss = out.loss
@@ -380,6 +394,8 @@ class Trainer:
         if blocking_skip:
             stop_agreed, nonfinite = self.stop_signal.agree(loss)
             if nonfinite:
+                if self.teacher is not None:
+                    self.teacher.restore_buffers()
                 self.skipper.skip(buffers, self.state.global_step + 1, self.checkpointer.last_complete)
                 return loss.detach(), stop_agreed
             self.skipper.kept()
@@ -398,6 +414,11 @@ class Trainer:
         for optimizer in optimizers:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+        # the device's flag at ZeRO-0 under skip_step (never read here), else whether DeepSpeed stepped
+        taken = apply if apply is not None else self.engine.skipped_steps == skipped_by_deepspeed
+        if self.teacher is not None:
+            self.teacher.after_step(self.state.global_step, taken)
+        self.objective.after_optimizer_step(taken)
         self.phases.end("optimizer")
         if apply is not None:  # a dropped step is by design: the watch sees the kept ones, finite by the flag
             self.device_skip.after_step(apply, buffers)

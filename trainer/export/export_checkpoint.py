@@ -60,10 +60,12 @@ def _run_config(provenance: dict | None, config):
 
 
 def export_checkpoint(config, checkpoint_dir: Path, out_dir: Path, with_head: bool = False,
-                      force: bool = False) -> Path:
+                      force: bool = False, teacher: bool = False) -> Path:
     """Write ``out_dir`` with ``model.safetensors`` (the backbone of ``checkpoint_dir``'s ``model.pt``
     under the library network's names), ``config.json``, ``README.md`` (the model card), ``run.json``
     when the checkpoint has one, and with ``with_head`` ``head.safetensors``.  Returns ``out_dir``.
+    ``teacher``: the momentum teacher's network (``teacher/model.pt``, with its own BatchNorm
+    statistics) instead of the student's; ``config.json`` records which (``instcls.checkpoint.network``).
 
     Refused with ``ValueError`` naming the fix: an entry without an export mapping, a non-empty
     ``out_dir`` (unless ``force``), a checkpoint of another job's network, a backbone whose names or
@@ -72,6 +74,7 @@ def export_checkpoint(config, checkpoint_dir: Path, out_dir: Path, with_head: bo
 
     from trainer.checkpoint.checkpoint_files import MODEL_FILE, load_model_weights, read_trainer_meta
     from trainer.checkpoint.run_fingerprint import refuse_another_jobs_checkpoint, run_fingerprint
+    from trainer.checkpoint.teacher_state import load_teacher_weights
     from trainer.export.export_config import export_config, head_description, input_spec
     from trainer.export.model_card import checkpoint_scores, model_card, training_data
     from trainer.export.snippet import head_snippet, usage_snippet
@@ -86,7 +89,7 @@ def export_checkpoint(config, checkpoint_dir: Path, out_dir: Path, with_head: bo
         raise FileNotFoundError(f"{checkpoint_dir / MODEL_FILE} not found: name a complete checkpoint "
                                 "(checkpoint.dir/step_NNNNNNNNN) or use --checkpoint auto")
     refuse_another_jobs_checkpoint(checkpoint_dir, run_fingerprint(config, num_instances=0), model_only=True)
-    state = load_model_weights(checkpoint_dir)
+    state = load_teacher_weights(checkpoint_dir) if teacher else load_model_weights(checkpoint_dir)
     weights = library_state_dict(state, library, config.model.arch)
     with torch.device("meta"):  # names, shapes and widths only
         model = build_model(config.model)
@@ -97,7 +100,8 @@ def export_checkpoint(config, checkpoint_dir: Path, out_dir: Path, with_head: bo
     provenance = read_provenance(checkpoint_dir)
     spec = input_spec(config)
     exported = export_config(config, library, model.backbone_width, with_head=with_head, checkpoint={
-        "path": str(checkpoint_dir.resolve()), "global_step": step, "epoch": meta.get("epoch")})
+        "path": str(checkpoint_dir.resolve()), "global_step": step, "epoch": meta.get("epoch"),
+        "network": "teacher" if teacher else "student"})
     snippet = usage_snippet(library, spec, config.model.input_norm, model.backbone_width)
     head_code = head_snippet(head_description(config.model, model.backbone_width)) if with_head else None
     # the card describes the run (its epochs and objective settings), not the file given to export

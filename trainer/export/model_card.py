@@ -109,6 +109,8 @@ def model_card(config, exported: dict, snippet: str, meta: dict, scores: dict | 
         f"- data: `{data.get('path')}`, {images}, manifest digest `{digest}`",
         f"- checkpoint: `{info['checkpoint']['path']}`, epoch {meta.get('epoch')} of {epochs}, global step {step}, "
         f"global batch {meta.get('global_batch', 'not recorded')}",
+        *(["- network: the objective's momentum teacher (`teacher/model.pt`, its own BatchNorm statistics), not "
+           "the trained student the scores below measure"] if info["checkpoint"].get("network") == "teacher" else []),
         f"- objective `{config.objective.name}`:", *[f"  {line}" for line in _objective_lines(config.objective)],
         "", "## Scores", "", *_scores_lines(scores, step), "",
         "## Provenance", "",

@@ -18,6 +18,7 @@ from trainer.parallel.batch_norm import BATCH_NORM_MODES, SYNC_GROUPS
 
 HEADS = ("mlp", "linear")
 INPUT_NORMS = ("none", "per_image")
+INIT_FROM_PARTS = ("student", "teacher")  # the networks of a file that holds two (trainer.checkpoint.weight_layouts)
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,12 @@ class ModelConfig:
         it on or off).  See ``trainer.models.activation_checkpointing``.  Off by default.
     init_from: start the backbone from these weights instead of random init: an export's
         ``model.safetensors`` (or the export's folder), a plain timm or torchvision state dict
-        (``.pth``/``.pt`` or ``.safetensors``, with the keys of the library's network), or another
-        run's checkpoint folder (its ``model.pt``).  Loaded before the first step; the classifier
-        keys such files carry (``fc.*``, ``head.*``) are dropped and listed in the log, and the head
+        (``.pth``/``.pt`` or ``.safetensors``, with the keys of the library's network), another
+        run's checkpoint folder (its ``model.pt``), or a self-supervised method's checkpoint (MoCo
+        v2's, DINO's full checkpoint, a BYOL learner's of lucidrains/byol-pytorch: the log names the
+        layout recognised and the prefix stripped; ``trainer.checkpoint.weight_layouts``).  Loaded
+        before the first step; the classifier keys such files carry (``fc.*``, ``head.*``, MoCo
+        v2's MLP ``fc.0``/``fc.2``) are dropped and listed in the log, and the head
         and the objective's rows start as they would (the contrastive prior is computed from the
         loaded backbone).  A resume ignores it: the checkpoint's weights win.  The file's digest goes
         into the run's provenance (``run.json``), not its fingerprint.  See
@@ -75,6 +79,10 @@ class ModelConfig:
         the file must belong to the backbone (true, default); false loads the tensors that match
         and logs every missing and unexpected key.  A tensor whose shape differs is refused either
         way, naming it.
+    init_from_part: with an ``init_from`` file that holds a student and a momentum teacher, which
+        one starts the backbone: "student" or "teacher"; unset, the one the method's own evaluations
+        use (DINO's teacher, MoCo v2's query encoder, BYOL's online network).  Refused for a file
+        that holds one network.
     batch_norm: how the data-parallel ranks share BatchNorm: "local" (each rank's own batch
         statistics, PIC's and One-Million-Way's choice; the running statistics are averaged over the
         ranks before every evaluation and save, so every rank holds, scores and saves one
@@ -104,6 +112,7 @@ class ModelConfig:
     activation_checkpointing: bool = False
     init_from: Path | None = None
     init_strict: bool = True
+    init_from_part: str | None = None
 
     def __post_init__(self) -> None:
         check_settings(self)  # arch in the registry; the family's own fields only, with values it builds
@@ -121,6 +130,13 @@ class ModelConfig:
         if not isinstance(self.init_strict, bool):
             raise ValueError(f"init_strict={self.init_strict!r} is invalid: use true (every backbone tensor from the "
                              "file) or false (what matches, the rest logged)")
+        if self.init_from_part is not None and self.init_from_part not in INIT_FROM_PARTS:
+            raise ValueError(f"init_from_part={self.init_from_part!r} is invalid: choose student or teacher (the "
+                             "network of a MoCo v2, DINO or BYOL checkpoint to start from), or leave it unset for "
+                             "the method's default")
+        if self.init_from_part is not None and self.init_from is None:
+            raise ValueError(f"init_from_part={self.init_from_part} picks a network of model.init_from's file, and "
+                             "model.init_from is unset: set model.init_from, or remove model.init_from_part")
         if self.batch_norm not in BATCH_NORM_MODES:
             raise ValueError(f"batch_norm={self.batch_norm!r} is invalid: use local (per-rank statistics, averaged "
                              "before every evaluation and save) or sync (statistics of the global batch)")

@@ -26,6 +26,7 @@ from trainer.objectives.memory_plan import (
 )
 from trainer.objectives.pic.objective import PicConfig, PicObjective
 from trainer.objectives.swav.objective import SwavConfig, SwavObjective
+from trainer.objectives.teacher_request import TeacherRequest
 
 register_objective("instance", InstanceConfig, InstanceObjective)
 register_objective("pic", PicConfig, PicObjective)
@@ -61,6 +62,7 @@ __all__ = [
     "SwavObjective",
     "ShardedRows",
     "StepViews",
+    "TeacherRequest",
     "View",
     "average_gradients",
     "build_objective",

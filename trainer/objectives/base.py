@@ -3,7 +3,11 @@
 An objective owns its parameters and state (a classifier shard, prototypes, queues, tables) and
 answers five questions: which optimizers train its parameters (outside ZeRO; the backbone and head
 are ZeRO's), what to do when training and each epoch start, the loss of one step, what to do after
-backward (gradient averaging, lazy corrections), and its metrics.  Its checkpoint state is a
+backward (gradient averaging, lazy corrections), and its metrics.  It may also ask for a teacher, a
+momentum copy of the backbone and head (``ObjectiveConfig.teacher_request``, a
+``trainer.objectives.teacher_request.TeacherRequest``): the trainer then hands it the teacher's head
+features of the views it names (``StepViews.teacher``) and moves the teacher after every optimizer
+step that was taken (``Objective.after_optimizer_step`` follows).  Its checkpoint state is a
 nested dict in which row-sharded tensors are wrapped in ``ShardedRows``; ``parallel.sharded_state``
 re-splits those by row range, so the state reloads on any number of ranks.
 
@@ -47,14 +51,15 @@ A minimal objective (a replicated linear classifier over instance ids)::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import torch
 import torch.distributed as dist
 
-from data_pipeline.contract import AugmentConfig, StepIndices, ViewLayout
+from data_pipeline.contract import DEFAULT_RECIPE, AugmentConfig, StepIndices, ViewLayout
 from trainer.objectives.memory_plan import NoMemoryPlan, ObjectiveMemoryPlan
+from trainer.objectives.teacher_request import TeacherRequest
 from trainer.optim import OptimizerSettings
 from trainer.parallel import ParallelDims
 from trainer.parallel.sharded_state import ShardedRows  # noqa: F401 (objectives build their state with it)
@@ -75,6 +80,13 @@ class ObjectiveConfig:
         (``trainer.checkpoint.run_fingerprint``)."""
         return ("name",)
 
+    def default_recipe(self) -> str:
+        """The augmentation recipe (``data_pipeline/loading/augment/recipes.py``) a job of this objective
+        trains with when ``data.loader.augment.recipe`` is unset: its paper's.  The shipped objectives keep
+        MoCo v2's "aug+", what they have always trained with; an objective whose paper uses another
+        recipe overrides this."""
+        return DEFAULT_RECIPE
+
     def sizes_split_over_ranks(self) -> dict[str, int]:
         """``{setting: value}`` of the settings this objective divides evenly over the ranks, which
         every world size of an elastic range must therefore divide (``trainer.elastic.world_range``)."""
@@ -90,6 +102,12 @@ class ObjectiveConfig:
             f"{type(self).__name__}, returning the description of what it keeps beside the backbone "
             "(trainer.objectives.memory_plan: ClassifierRows, SampledRows, Prototypes, or a new one with its "
             "arithmetic in trainer.planning.objective_memory)")
+
+    def teacher_request(self, views: ViewLayout) -> TeacherRequest | None:
+        """The teacher this objective needs (a momentum copy of the backbone and head), from the settings
+        alone, so the planner counts it without building anything; None (the default): no teacher.
+        ``views``: the job's view layout (the request names positions in it)."""
+        return None
 
 
 @dataclass(frozen=True)
@@ -145,7 +163,8 @@ class StepViews:
     checking inputs (a host sync) is allowed.  ``plan`` is what the sampler gives every rank this
     step (host arrays, no communication: the loader's ``Batch.plan``); ``next_plan`` the next
     step's in the sampler's sequence, so an objective can prefetch (None when the caller does not
-    know).  Features are laid out as ``ObjectiveContext.views``."""
+    know).  Features are laid out as ``ObjectiveContext.views``.  ``teacher``: the momentum teacher's
+    features when the objective asked for one (``Objective.teacher_request``)."""
 
     views: list[View]
     instance_ids: torch.Tensor  # [b] int64
@@ -156,6 +175,9 @@ class StepViews:
     validate: bool = False
     plan: StepIndices | None = None
     next_plan: StepIndices | None = None
+    # The teacher's head features ([b, D], no autograd history) of the views its request names, in the
+    # request's order (``View.index`` says which view each is); [] without a teacher.
+    teacher: list[View] = field(default_factory=list)
 
 
 @dataclass
@@ -216,8 +238,19 @@ class Objective:
             )
         return torch.cat([view.features for view in step.views])
 
+    def teacher_request(self) -> TeacherRequest | None:
+        """The teacher the trainer keeps for this objective (its config's ``teacher_request``)."""
+        return self.config.teacher_request(self.context.views)
+
     def after_backward(self) -> None:
         """After the backward, before the optimizers step (gradient averaging, corrections)."""
+
+    def after_optimizer_step(self, taken: bool | torch.Tensor) -> None:
+        """After the backbone's and this objective's optimizers stepped and the teacher (if any) moved:
+        what must follow the step (a queue's enqueue).  ``taken``: whether the step changed anything:
+        a host bool, or under ``optim.on_nonfinite: skip_step`` decided on the device a 0-dim bool
+        tensor, which must not be read on the host (mask with it: ``torch.where``).  Not called for a
+        step dropped before its backward (``skip_step`` is, instead)."""
 
     def skip_step(self) -> None:
         """Called instead of the backward, ``after_backward`` and the optimizers when some rank's

@@ -9,6 +9,10 @@ weights.  Activations are the bytes autograd saves for the backward, per image i
 measured by one forward on the meta device (``trainer.models.profile``: exact for the architecture
 and image size, no compute); with activation checkpointing, what every residual unit's input and
 one unit's recomputation keep.
+
+An objective's momentum teacher (``PlanInput.teacher``) is an fp32 copy of the whole network on every
+rank at ZeRO 0 to 2 (the stages that keep one, ``trainer.engine.teacher_setup``), whatever the
+job's dtype; its forward runs without gradient, so it saves no activations for the backward.
 """
 
 from __future__ import annotations
@@ -49,9 +53,12 @@ def backbone_breakdown(plan: PlanInput) -> dict[str, int]:
     weights = parameters * (2 if half else 4) / (ranks if stage >= 3 else 1)
     gradients = parameters * (2 if half and not plan.fp32_gradients else 4) / (ranks if stage >= 2 else 1)
     optimizer_state = parameters * optimizer_state_per_parameter(plan) / (ranks if stage >= 1 else 1)
-    return {
+    breakdown = {
         "backbone weights": int(weights),
         "backbone gradients": int(gradients),
         "backbone optimizer state": int(optimizer_state),
         "backbone activations": activation_bytes_per_sample(plan) * (plan.batch // ranks),
     }
+    if plan.teacher:
+        breakdown["momentum teacher (fp32 copy)"] = parameters * 4
+    return breakdown

@@ -45,5 +45,6 @@ def plan_input_from_config(config: JobConfig, ranks: int, num_classes: int | Non
         device="cpu" if config.parallel.device == "cpu" else "gpu",
         dali=loader.backend == "dali", dali_prefetch=loader.prefetch_depth,
         checkpoints=bool(config.checkpoint.every_steps or config.checkpoint.every_epochs),
+        teacher=config.objective.teacher_request(loader.view_layout) is not None,
         **settings,
     )

@@ -69,6 +69,7 @@ class PlanInput:
     dali: bool = True  # GPU decoding and augmentation with DALI (its buffers on the device)
     dali_prefetch: int = DALI_PREFETCH_DEPTH  # batches DALI prepares ahead (data.loader.prefetch_depth)
     checkpoints: bool = False  # the job saves in the background (checkpoint.every_steps / every_epochs)
+    teacher: bool = False  # the objective keeps a momentum teacher: an fp32 copy of the network on every rank
     runtime_bytes: int = 0  # CPU: a rank's RSS before any tensor (Python, torch, DeepSpeed, DALI), measured
 
     def __post_init__(self) -> None:

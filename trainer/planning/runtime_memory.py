@@ -31,7 +31,8 @@ def checkpoint_host_copies(plan: PlanInput) -> dict[str, int]:
     the live state, that is this rank's objective state (classifier rows with their momentum and
     hard-negative table, or SwAV's prototypes and queue) and DeepSpeed's files (rank 0's module
     states; the optimizer state, partitioned by ZeRO >= 1); ``HostBuffers``: rank 0's fp32 network
-    and optimizer state for ``model.pt`` and ``optimizer.pt``.  Counted on CPU ranks only: on a GPU
+    and optimizer state for ``model.pt`` and ``optimizer.pt``, and the momentum teacher's
+    ``teacher/model.pt`` where the objective keeps one.  Counted on CPU ranks only: on a GPU
     they are pinned host memory, beside the device memory planned here."""
     if plan.device == "gpu" or not plan.checkpoints:
         return {}
@@ -43,6 +44,8 @@ def checkpoint_host_copies(plan: PlanInput) -> dict[str, int]:
         partition = plan.ranks if plan.zero_stage >= 1 else 1
         copies["checkpoint copies: DeepSpeed files"] = parameters * (2 if half else 4) + optimizer // partition
         copies["checkpoint copies: model.pt, optimizer.pt"] = parameters * (4 + optimizer_state_bytes(plan))
+        if plan.teacher:
+            copies["checkpoint copies: teacher/model.pt"] = parameters * 4
     return copies
 
 

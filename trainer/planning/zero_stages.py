@@ -25,7 +25,9 @@ class StageFit:
 
     @classmethod
     def of(cls, plan: PlanInput, capacity_bytes: int) -> StageFit:
-        totals = {stage: total(replace(plan, zero_stage=stage)) for stage in ZERO_STAGES}
+        # a momentum teacher is kept at ZeRO 0 to 2 only (trainer.engine.teacher_setup refuses stage 3)
+        stages = [stage for stage in ZERO_STAGES if not (plan.teacher and stage == 3)]
+        totals = {stage: total(replace(plan, zero_stage=stage)) for stage in stages}
         return cls(totals, next((stage for stage, need in totals.items() if need <= capacity_bytes), None))
 
 

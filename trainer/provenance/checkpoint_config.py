@@ -16,7 +16,7 @@ from pathlib import Path
 from trainer.checkpoint.run_fingerprint import MODEL_FIELDS
 
 # What changes the network's parameters or its forward; the other model fields (batch_norm,
-# channels_last, compile, activation_checkpointing, init_from, init_strict) change how it trains.
+# channels_last, compile, activation_checkpointing, init_from, init_strict, init_from_part) change how it trains.
 NETWORK_FIELDS = tuple(f"model.{name}" for name in MODEL_FIELDS)
 NEEDS_CONFIG = "pass --config FILE with the run's config (and the --set values it was trained with)"
 

@@ -4,11 +4,13 @@ Why affine: DALI applies it with ``fn.coord_transform`` (per-sample ``MT`` argum
 saturating to uint8) and the fallback with one matrix product, so both loaders give the same
 colours for the same parameters, and the parameters are plain numbers drawn in Python.
 
-Semantics (torchvision's ColorJitter strengths, one fixed order, one clamp at the end):
-brightness ``b``: ``x -> b x``; contrast ``c``: ``x -> c x + (1 - c) * 127.5`` (about mid-grey,
-not the image mean, which Python cannot know without decoding); saturation ``s``: blend with the
-luma ``Y = 0.299 R + 0.587 G + 0.114 B``; hue ``h`` (fraction of a turn): rotation of the YIQ
-chroma plane by ``2 pi h``, which keeps the luma; then grayscale: every channel becomes ``Y``.
+Semantics.  The factors are drawn from the ranges torchvision's ColorJitter draws them from, but applied
+otherwise: always in the order brightness, contrast, saturation, hue (ColorJitter shuffles it), with
+one clamp at the end.  Brightness ``b``: ``x -> b x``; contrast ``c``: ``x -> c x + (1 - c) * 127.5``
+(about mid-grey, not the image mean as ColorJitter does, which Python cannot know without decoding);
+saturation ``s``: blend with the luma ``Y = 0.299 R + 0.587 G + 0.114 B``; hue ``h`` (fraction of a
+turn): rotation of the YIQ chroma plane by ``2 pi h``, which keeps the luma (ColorJitter shifts the
+HSV hue); then grayscale: every channel becomes ``Y``.
 """
 
 from __future__ import annotations

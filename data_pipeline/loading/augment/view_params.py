@@ -8,9 +8,10 @@ whichever rank reads it, so a job resumed on another number of ranks (an elastic
 same views.  The draws per sample are fixed in number and order (every parameter is drawn even when
 its step is off), so one parameter never shifts another.
 
-Recipe (see ``data_pipeline.loading.augment.augment_config``), per view and sample: random resized crop (torchvision's
+Per view and sample (the recipe: ``data_pipeline.loading.augment.recipes``): random resized crop (torchvision's
 rule: up to 10 tries of area and log-uniform aspect, else a centre crop), horizontal flip, colour
-jitter and grayscale (one affine colour map, ``data_pipeline.loading.augment.colour``), Gaussian blur.
+jitter and grayscale (one affine colour map, ``data_pipeline.loading.augment.colour``), Gaussian blur,
+solarize.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class ViewParams:
     ``crop``: int64 ``[b, 4]`` top, left, height, width in source pixels, resized to ``size``
     square; ``flip``: bool ``[b]``; ``colour``: float32 ``[b, 3, 4]`` affine map ``[M | t]`` on
     RGB 0..255; ``blur``: bool ``[b]``; ``sigma``: float32 ``[b]`` and ``window``: int32 ``[b]``,
-    the Gaussian kernel's side ``2*ceil(3*sigma)+1`` (used where ``blur``).
+    the Gaussian kernel's side ``2*ceil(3*sigma)+1`` (used where ``blur``); ``solarize``: bool ``[b]``.
     """
 
     size: int
@@ -45,6 +46,7 @@ class ViewParams:
     blur: np.ndarray
     sigma: np.ndarray
     window: np.ndarray
+    solarize: np.ndarray
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -126,20 +128,27 @@ def crop_boxes(rng: np.random.Generator | SampleStreams, heights: np.ndarray, wi
 
 def draw_views(rng: np.random.Generator | SampleStreams, heights: np.ndarray, widths: np.ndarray,
                augment: AugmentConfig) -> list[ViewParams]:
-    """The parameters of every view of ``augment.view_specs()`` (global views first)."""
+    """The parameters of every view of ``augment.view_specs()`` (global views first), with view ``k``'s
+    probabilities from ``augment.effective_recipe().view(k)``.
+
+    The solarize flags are drawn after every other parameter of every view, so that a recipe without
+    solarization draws, for the same sample, exactly the numbers it drew before solarize existed."""
     count = heights.shape[0]
-    brightness, contrast, saturation, hue = augment.jitter
+    recipe = augment.effective_recipe()
+    brightness, contrast, saturation, hue = recipe.jitter
     low = np.array([max(0.0, 1 - brightness), max(0.0, 1 - contrast), max(0.0, 1 - saturation), -hue])
     high = np.array([1 + brightness, 1 + contrast, 1 + saturation, hue])
-    views = []
-    for size, area in augment.view_specs():
+    drawn = []
+    for k, (size, area) in enumerate(augment.view_specs()):
+        chance = recipe.view(k)
         crop = crop_boxes(rng, heights, widths, area)
-        flip = rng.random(count) < augment.flip_prob
-        jitter = rng.random(count) < augment.jitter_prob
+        flip = rng.random(count) < recipe.flip_prob
+        jitter = rng.random(count) < chance.jitter
         factors = rng.uniform(low, high, (count, 4))
-        grayscale = rng.random(count) < augment.grayscale_prob
-        blur = rng.random(count) < augment.blur_prob
-        sigma = rng.uniform(augment.blur_sigma[0], augment.blur_sigma[1], count).astype(np.float32)
+        grayscale = rng.random(count) < chance.grayscale
+        blur = rng.random(count) < chance.blur
+        sigma = rng.uniform(recipe.blur_sigma[0], recipe.blur_sigma[1], count).astype(np.float32)
         window = (2 * np.ceil(3 * sigma) + 1).astype(np.int32)
-        views.append(ViewParams(size, crop, flip, colour_maps(factors, jitter, grayscale), blur, sigma, window))
-    return views
+        drawn.append((size, crop, flip, colour_maps(factors, jitter, grayscale), blur, sigma, window))
+    solarize = [rng.random(count) < recipe.view(k).solarize for k in range(len(drawn))]
+    return [ViewParams(*params, solarize=flags) for params, flags in zip(drawn, solarize)]

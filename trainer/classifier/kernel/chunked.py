@@ -17,6 +17,10 @@ A ``ChunkTerm`` (``trainer.classifier.terms.chunk_term``) may ride along: it rea
 in the same pass, adds its per-sample columns to the same two all-reduces and writes its share of
 each chunk's ``dL/dz``; the kernel does not know which term it runs.
 
+MoCo scores a queue of keys as the rows: a per-sample positive logit that is no row
+(``positive_logits``, see ``trainer.classifier.kernel.positive_logit``) joins the softmax, and rows
+that do not require grad (the queue is not trained) cost no weight-gradient matmul in the backward.
+
 No running max: features and rows are unit vectors, so ``|z| <= 1/tau``, and for
 ``1/tau <= MAX_ABS_LOGIT`` every ``exp(z)`` and every sum of them is a normal fp32 number.  That
 saves the max pass and the rescaling of every chunk.  The matmuls produce base-2 logits
@@ -34,6 +38,7 @@ import torch
 from trainer.classifier.kernel.base2_logits import LOG2_E, scales
 from trainer.classifier.kernel.chunk_workspace import ChunkWorkspace, LogitsCache
 from trainer.classifier.kernel.losses import LOG_NORMALIZER, LOSS_FORMS, SmoothingForm, Targets
+from trainer.classifier.kernel.positive_logit import PositiveLogit
 from trainer.classifier.kernel.reductions import SampleColumns, reduce_over_ranks
 from trainer.classifier.kernel.row_adds import add_into_rows, add_rows
 from trainer.classifier.kernel.scored_rows import ScoredRows
@@ -86,49 +91,69 @@ class KernelSettings:
 
 
 def sharded_cosine_ce(features, weight, target_cols, target_weights, settings: KernelSettings, group,
-                      timer=None, rows=None, update_in_backward=None) -> torch.Tensor:
+                      timer=None, rows=None, update_in_backward=None, positive_logits=None) -> torch.Tensor:
     """Per-sample loss ``[B]``, identical on every rank of ``group``.
 
     Args:
         features: ``[B, D]`` gathered, L2-normalised features (fp32/bf16/fp16).
-        weight: ``[N_local, D]`` fp32 shard.
+        weight: ``[N_local, D]`` fp32 shard.  One that does not require grad (a queue of keys)
+            costs no row gradient: the backward skips that matmul.
         target_cols: ``[B, K+1]`` int64 position of each target among the scored rows, -1 where
-            another rank (or no scored row) holds it.
-        target_weights: ``[B, K+1]`` fp32 ``y`` (an expanded view is fine).
+            another rank (or no scored row) holds it.  ``[B, K]`` with ``positive_logits`` (K may be 0).
+        target_weights: ``[B, K+1]`` fp32 ``y`` (an expanded view is fine); with
+            ``positive_logits`` the positive's weight comes first.
         rows: ``None`` (all local rows), ``slice(a, b)`` or an int64 tensor of local rows.
         update_in_backward: an ``InBackwardSGD`` that applies each chunk's gradient at once (then
             no gradient is returned for ``weight``); sampled rows must then be distinct.
+        positive_logits: ``[B]`` natural-unit logits of a per-sample positive that is no row of
+            ``weight`` (MoCo's ``<q, k+> / tau``), the same on every rank, with autograd: it joins
+            the softmax's normaliser and is the first target (see ``positive_logit``).
 
-    Backward: the gradient w.r.t. the features is this rank's contribution only (the caller's
-    all-gather backward sums it over the group); the weight's gradient touches the scored rows only.
-    A sample whose loss gradient is 0 (padding) contributes exactly 0 to both.
+    Backward: the gradient w.r.t. the features (and ``positive_logits``) is this rank's
+    contribution only (the caller's all-gather backward sums it over the group); the weight's
+    gradient touches the scored rows only.  A sample whose loss gradient is 0 (padding)
+    contributes exactly 0 to both.
     """
     return _apply(features, weight, target_cols, target_weights, settings, group, timer, rows, update_in_backward,
-                  None)[0]
+                  None, positive_logits)[0]
 
 
 def sharded_cosine_ce_with_term(features, weight, target_cols, target_weights, settings: KernelSettings,
-                               term: ChunkTerm, group, timer=None, rows=None,
-                               update_in_backward=None) -> tuple[torch.Tensor, torch.Tensor]:
+                               term: ChunkTerm, group, timer=None, rows=None, update_in_backward=None,
+                               positive_logits=None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(per-sample loss [B], per-sample term [B])`` from the same chunk loop and the same two
-    all-reduces: ``term`` (a ``trainer.classifier.terms.chunk_term.ChunkTerm``) adds its columns to them."""
+    all-reduces: ``term`` (a ``trainer.classifier.terms.chunk_term.ChunkTerm``) adds its columns to them.
+    With ``positive_logits`` no column has an own row among the scored rows (the term excludes none)."""
     return _apply(features, weight, target_cols, target_weights, settings, group, timer, rows, update_in_backward,
-                  term)
+                  term, positive_logits)
 
 
-def _apply(features, weight, target_cols, target_weights, settings, group, timer, rows, update_in_backward, term):
+def _apply(features, weight, target_cols, target_weights, settings, group, timer, rows, update_in_backward, term,
+           positive_logits):
     scored = ScoredRows(rows, weight.shape[0])
+    _check_target_widths(target_cols, target_weights, positive_logits is not None)
     if settings.resolved_implementation(features.device, term is not None) == "fused":
         from trainer.classifier.kernel.fused import FusedShardedCosineCE
 
         loss = FusedShardedCosineCE.apply(features, weight, target_cols, target_weights, settings, group, timer,
-                                          scored, update_in_backward)
+                                          scored, update_in_backward, positive_logits)
         return loss, loss.new_zeros(0)
     # Without a backward to come (no_grad, frozen inputs) a cache would only cost memory.
-    backward_expected = torch.is_grad_enabled() and (features.requires_grad or weight.requires_grad)
+    needs_grad = features.requires_grad or weight.requires_grad or (
+        positive_logits is not None and positive_logits.requires_grad)
+    backward_expected = torch.is_grad_enabled() and needs_grad
     cache_budget = settings.logits_cache_bytes if backward_expected else 0
     return _ShardedCosineCE.apply(features, weight, target_cols, target_weights, settings, group, timer, scored,
-                                  update_in_backward, cache_budget, term)
+                                  update_in_backward, cache_budget, term, positive_logits)
+
+
+def _check_target_widths(target_cols, target_weights, has_positive: bool) -> None:
+    """One weight per target: ``K + 1`` of each, or ``K`` rows and ``1 + K`` weights with a positive."""
+    expected = target_cols.shape[1] + has_positive
+    if target_weights.shape[-1] != expected:
+        what = f"{target_cols.shape[1]} target rows" + (" and the positive" if has_positive else "")
+        raise ValueError(f"target_weights has {target_weights.shape[-1]} columns for {what}: give {expected}, "
+                         + ("the positive's first" if has_positive else "one per target column"))
 
 
 class _TargetsByChunk:
@@ -153,15 +178,21 @@ def _cache_for(cache_budget: int, batch: int, scored: ScoredRows, device) -> Log
     return None
 
 
-def _kernel_pass(batch: int, ranks: int, scored: ScoredRows, targets: _TargetsByChunk,
-                 settings: KernelSettings) -> KernelPass:
-    """What a term is told of the pass; the targets' row 0 is each column's own row."""
-    return KernelPass(batch, ranks, settings.temperature, scored.num_chunks(settings.chunk_size), targets.chunk[0],
-                      targets.row[0], rows_vary=settings.rows_vary or scored.indices is not None)
+def _kernel_pass(batch: int, ranks: int, scored: ScoredRows, targets: _TargetsByChunk, settings: KernelSettings,
+                 has_positive: bool = False) -> KernelPass:
+    """What a term is told of the pass; the targets' row 0 is each column's own row, unless a positive
+    logit is each column's own (then no column has one among the rows)."""
+    if has_positive:
+        own_chunk = torch.full((batch,), -1, dtype=torch.int64, device=targets.chunk.device)
+        own_row = torch.zeros_like(own_chunk)
+    else:
+        own_chunk, own_row = targets.chunk[0], targets.row[0]
+    return KernelPass(batch, ranks, settings.temperature, scored.num_chunks(settings.chunk_size), own_chunk, own_row,
+                      rows_vary=settings.rows_vary or scored.indices is not None)
 
 
 def _forward_chunks(scaled_features, weight, scored: ScoredRows, target_cols, settings: KernelSettings,
-                    cache_budget: int, term: ChunkTerm | None, ranks: int):
+                    cache_budget: int, term: ChunkTerm | None, ranks: int, has_positive: bool = False):
     """``(sum_j exp(z_ij) [B], base-2 target logits [B, K+1], cache or None, the term's forward or None)``
     over the scored rows.  With a term the cache keeps the base-2 logits themselves (the term's
     backward needs them), otherwise ``exp(z)``."""
@@ -173,7 +204,8 @@ def _forward_chunks(scaled_features, weight, scored: ScoredRows, target_cols, se
                                device, gathers_rows=scored.indices is not None,
                                weight_scale=scales(settings.temperature, scaled_features.dtype)[1])
     targets = _TargetsByChunk(target_cols, settings.chunk_size)
-    term_pass = None if term is None else term.start_forward(_kernel_pass(batch, ranks, scored, targets, settings))
+    term_pass = None if term is None else term.start_forward(
+        _kernel_pass(batch, ranks, scored, targets, settings, has_positive))
     for start, end in scored.chunks(settings.chunk_size):
         weight_hat, _ = workspace.normalized_rows(scored.read(weight, start, end, workspace.gathered_rows))
         out = workspace.logits(end - start) if cache is None else cache.chunk(start, end)
@@ -191,26 +223,33 @@ class _ShardedCosineCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, features, weight, target_cols, target_weights, settings: KernelSettings, group: Group,
                 timer: CommTimer | None, scored: ScoredRows, update_in_backward, cache_budget: int,
-                term: ChunkTerm | None):
+                term: ChunkTerm | None, positive_logits: torch.Tensor | None):
         # log2(e)/tau is folded into fp32 features once instead of scaling every chunk's logits
         # (half-precision features stay as given, see scales).
         feature_scale = scales(settings.temperature, features.dtype)[0]
         scaled_features = features * feature_scale if feature_scale != 1.0 else features
         ranks = group_size(group)
+        positive = None if positive_logits is None else PositiveLogit(positive_logits, group)
         sum_exp, target_logits_base2, cache, term_pass = _forward_chunks(
-            scaled_features, weight, scored, target_cols, settings, cache_budget, term, ranks
+            scaled_features, weight, scored, target_cols, settings, cache_budget, term, ranks, positive is not None
         )
         targets = Targets(target_logits_base2 / LOG2_E, target_cols >= 0, target_weights.float())
+        if positive is not None:
+            sum_exp, targets = positive.add_to_sum_exp(sum_exp), positive.with_row_targets(targets)
         form = LOSS_FORMS[SmoothingForm(settings.form)]
         columns = SampleColumns(logsumexp={LOG_NORMALIZER: torch.log(sum_exp)}).add(form.local_columns(targets))
         if term_pass is not None:
             columns = columns.add(term_pass.columns())  # more columns, the same two all-reduces
         reduced = reduce_over_ranks(columns, group, timer)
         loss, gradient = form.finish(targets, reduced)
+        positive_coef = None
+        if positive is not None:
+            gradient, positive_coef = positive.split(gradient)
         ctx.save_for_backward(scaled_features, weight, target_cols, gradient.softmax_scale, gradient.log_normalizer,
-                              gradient.target_coef)
+                              gradient.target_coef, positive_coef)
         ctx.settings, ctx.scored, ctx.cache, ctx.update_in_backward = settings, scored, cache, update_in_backward
-        ctx.term, ctx.ranks = term, ranks
+        ctx.term, ctx.ranks, ctx.has_positive = term, ranks, positive is not None
+        ctx.positive_dtype = None if positive_logits is None else positive_logits.dtype
         if term_pass is None:
             values = loss.new_zeros(0)
             ctx.mark_non_differentiable(values)
@@ -221,35 +260,39 @@ class _ShardedCosineCE(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss, grad_term):
-        scaled_features, weight, target_cols, softmax_scale, log_normalizer, target_coef = ctx.saved_tensors
+        scaled_features, weight, target_cols, softmax_scale, log_normalizer, target_coef, positive_coef = \
+            ctx.saved_tensors
         term_backward = None if ctx.term is None else partial(_start_term_backward, ctx, grad_term)
         grad_features, grad_weight = _backward_chunks(
             scaled_features, weight, target_cols, grad_loss.float() * softmax_scale, log_normalizer,
             grad_loss.float()[:, None] * target_coef, ctx.settings, ctx.scored, ctx.cache, ctx.update_in_backward,
-            term_backward,
+            term_backward, rows_need_grad=ctx.needs_input_grad[1],
         )
         if ctx.cache is not None:
             ctx.cache.release()
             ctx.cache = None
-        return grad_features, grad_weight, None, None, None, None, None, None, None, None, None
+        grad_positive = None if positive_coef is None else (grad_loss.float() * positive_coef).to(ctx.positive_dtype)
+        return grad_features, grad_weight, None, None, None, None, None, None, None, None, None, grad_positive
 
 
 def _start_term_backward(ctx, grad_term, column_signs, shift_base2, targets: _TargetsByChunk):
     """The term's backward, once the chunk loop knows the column signs and the softmax shift."""
-    kernel_pass = _kernel_pass(grad_term.shape[0], ctx.ranks, ctx.scored, targets, ctx.settings)
+    kernel_pass = _kernel_pass(grad_term.shape[0], ctx.ranks, ctx.scored, targets, ctx.settings, ctx.has_positive)
     return ctx.term.start_backward(kernel_pass, ctx.term_saved, grad_term, column_signs, shift_base2)
 
 
 def _backward_chunks(scaled_features, weight, target_cols, row_scale, log_normalizer, target_grad,
                      settings: KernelSettings, scored: ScoredRows, cache: LogitsCache | None, update,
-                     term_backward=None):
+                     term_backward=None, rows_need_grad: bool = True):
     """``dL/dz_ij = row_scale_i exp(z_ij - log_normalizer_i) - target_grad_ik`` (plus a term's, when
     ``term_backward(column_signs, shift_base2, targets)`` starts its backward), pushed through the
-    chunk matmuls into the features and (or the in-backward update of) the scored rows."""
+    chunk matmuls into the features and (or the in-backward update of) the scored rows.  Rows that
+    need no gradient (``rows_need_grad`` False, a queue of keys) get none: no weight-gradient matmul."""
     batch, dim = scaled_features.shape
     device = scaled_features.device
     grad_features = torch.zeros(batch, dim, device=device)
-    grad_weight = None if update is not None else scored.gradient_for(weight)
+    trains_rows = update is not None or rows_need_grad
+    grad_weight = None if update is not None or not trains_rows else scored.gradient_for(weight)
     feature_scale, weight_scale = scales(settings.temperature, scaled_features.dtype)
     workspace = ChunkWorkspace(
         batch,
@@ -295,6 +338,8 @@ def _backward_chunks(scaled_features, weight, target_cols, row_scale, log_normal
             grad_logits = term.grad_logits(logits, start // settings.chunk_size)
         add_into_rows(grad_logits, target_rows, torch.where(inside, minus_target_grad, 0.0))
         workspace.add_grad_features(grad_features, grad_logits, weight_hat)
+        if not trains_rows:
+            continue
         rows = scored.rows_of(start, end)
         # Contiguous rows of a full gradient are written in place by the matmul.
         direct = grad_weight[rows] if grad_weight is not None and isinstance(rows, slice) else None

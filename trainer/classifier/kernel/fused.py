@@ -3,11 +3,12 @@ logits kept in the kernels' registers (``fused_triton``) instead of a ``[chunk, 
 
 What stays in PyTorch is O(B (K+1) D): the norms of the scored rows (one read of them), the K+1
 target logits per sample (a gather of the target rows), their share of the gradients, the two
-all-reduces and the loss forms (``losses``), all shared with the chunked path.  What the kernels do
-is the O(B N D) part: the sum of exponentials in the forward, and in the backward the softmax part
-of ``dL/dz = coef_i exp(z_ij - log_normalizer_i) - target_grad_ik`` pushed into the features and
-the rows.  A negative ``coef`` (a loss backpropagated with a negative weight) or a zero one
-(padding) needs no special case here: it multiplies the tile in registers.
+all-reduces, the loss forms (``losses``) and a positive logit that is no row (``positive_logit``), all
+shared with the chunked path.  What the kernels do is the O(B N D) part: the sum of exponentials in
+the forward, and in the backward the softmax part of ``dL/dz = coef_i exp(z_ij - log_normalizer_i) -
+target_grad_ik`` pushed into the features and (unless they need no gradient) the rows.  A negative
+``coef`` (a loss backpropagated with a negative weight) or a zero one (padding) needs no special
+case here: it multiplies the tile in registers.
 
 The chunked path remains the CPU path, the reference, and the path of kernels that carry a term
 (CO2 reads every logit in its own pass; ``KernelSettings.implementation`` says which runs).
@@ -21,6 +22,7 @@ from trainer.classifier.kernel import fused_ops  # noqa: F401  (registers the in
 from trainer.classifier.kernel.base2_logits import LOG2_E, scales
 from trainer.classifier.kernel.chunk_workspace import NORM_EPS
 from trainer.classifier.kernel.losses import LOG_NORMALIZER, LOSS_FORMS, SmoothingForm, Targets
+from trainer.classifier.kernel.positive_logit import PositiveLogit
 from trainer.classifier.kernel.reductions import SampleColumns, reduce_over_ranks
 from trainer.classifier.kernel.row_adds import add_rows
 from trainer.classifier.kernel.scored_rows import ScoredRows
@@ -95,7 +97,7 @@ def _target_logits_base2(features, weight, rows: _Rows, target_cols, weight_scal
 class FusedShardedCosineCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, features, weight, target_cols, target_weights, settings, group, timer, scored: ScoredRows,
-                update_in_backward):
+                update_in_backward, positive_logits=None):
         feature_scale, weight_scale = scales(settings.temperature, features.dtype)
         scaled = (features * feature_scale if feature_scale != 1.0 else features).contiguous()
         weight = weight.detach()
@@ -109,11 +111,18 @@ class FusedShardedCosineCE(torch.autograd.Function):
         sum_exp = partial.sum(dim=0)
         target_logits = _target_logits_base2(scaled, weight, rows, target_cols, weight_scale) / LOG2_E
         targets = Targets(target_logits, target_cols >= 0, target_weights.float())
+        positive = None if positive_logits is None else PositiveLogit(positive_logits, group)
+        if positive is not None:
+            sum_exp, targets = positive.add_to_sum_exp(sum_exp), positive.with_row_targets(targets)
         form = LOSS_FORMS[SmoothingForm(settings.form)]
         columns = SampleColumns(logsumexp={LOG_NORMALIZER: torch.log(sum_exp)}).add(form.local_columns(targets))
         loss, gradient = form.finish(targets, reduce_over_ranks(columns, group, timer))
+        positive_coef = None
+        if positive is not None:
+            gradient, positive_coef = positive.split(gradient)
         ctx.save_for_backward(scaled, weight, target_cols, rows.inv_norm, gradient.softmax_scale,
-                              gradient.log_normalizer, gradient.target_coef)
+                              gradient.log_normalizer, gradient.target_coef, positive_coef)
+        ctx.positive_dtype = None if positive_logits is None else positive_logits.dtype
         ctx.settings, ctx.rows, ctx.update, ctx.scales = settings, rows, update_in_backward, (feature_scale,
                                                                                               weight_scale)
         ctx.features_dtype = features.dtype
@@ -121,7 +130,8 @@ class FusedShardedCosineCE(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss):
-        scaled, weight, target_cols, inv_norm, softmax_scale, log_normalizer, target_coef = ctx.saved_tensors
+        scaled, weight, target_cols, inv_norm, softmax_scale, log_normalizer, target_coef, positive_coef = \
+            ctx.saved_tensors
         rows: _Rows = ctx.rows
         rows.inv_norm = inv_norm
         settings, (feature_scale, weight_scale) = ctx.settings, ctx.scales
@@ -130,12 +140,16 @@ class FusedShardedCosineCE(torch.autograd.Function):
         shift = (log_normalizer * LOG2_E).contiguous()
         target_grad = grad_loss[:, None] * target_coef  # subtracted at the targets' rows
         grad_features = _softmax_grad_features(scaled, weight, rows, coef, shift, weight_scale)
-        grad_weight = _grad_weight(scaled, weight, rows, target_cols, target_grad, coef, shift, settings,
-                                   feature_scale, weight_scale, ctx.update)
+        # Rows that need no gradient (a queue of keys) get none: no weight-gradient kernel.
+        grad_weight = None
+        if ctx.update is not None or ctx.needs_input_grad[1]:
+            grad_weight = _grad_weight(scaled, weight, rows, target_cols, target_grad, coef, shift, settings,
+                                       feature_scale, weight_scale, ctx.update)
         _subtract_targets(scaled, weight, rows, target_cols, target_grad, feature_scale, settings.temperature,
                           grad_features, grad_weight)
         grad_features = grad_features.mul_(1.0 / settings.temperature).to(ctx.features_dtype)
-        return grad_features, grad_weight, None, None, None, None, None, None, None
+        grad_positive = None if positive_coef is None else (grad_loss * positive_coef).to(ctx.positive_dtype)
+        return grad_features, grad_weight, None, None, None, None, None, None, None, grad_positive
 
 
 def _softmax_grad_features(scaled, weight, rows: _Rows, coef, shift, weight_scale: float):
