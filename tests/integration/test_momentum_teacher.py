@@ -207,6 +207,7 @@ def _checkpoint(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / f"step_{step:09d}"
 
 
+@pytest.mark.slow  # the suite's budget: tests/unit/test_momentum_teacher.py holds the ZeRO-0 EMA and the skip
 def test_the_teacher_follows_the_fp32_masters_of_a_bf16_engine_at_zero0(runs):
     report = json.loads((runs / "rank-0.json").read_text())
     assert report["dtype"] == "torch.bfloat16"
@@ -215,6 +216,7 @@ def test_the_teacher_follows_the_fp32_masters_of_a_bf16_engine_at_zero0(runs):
         assert step["moved"] > 0.5 * step["elements"]  # at momentum 0.999: a bf16 teacher would not move
 
 
+@pytest.mark.slow  # the suite's budget: tests/unit/test_momentum_teacher.py holds the ZeRO-0 EMA and the skip
 def test_a_resumed_run_continues_teacher_and_student_bit_for_bit(runs):
     """Uninterrupted, and resumed at step 2: the same teacher, student and hook count at step 4; the
     teacher moved from its start and is not the student."""
