@@ -26,7 +26,7 @@ from data_pipeline.ingest.ingest_progress import IngestProgress
 from data_pipeline.shardset.legacy_table import legacy_shard_rows
 from data_pipeline.shardset.manifest import ShardEntry, ShardManifest
 from data_pipeline.shardset.set_files import load_manifest, local_table
-from data_pipeline.shardset.table_file import TableError, open_table, sha256_of
+from data_pipeline.shardset.table_file import TableError, open_table, sha256_of, sha256_of_stream
 from data_pipeline.shardset.tar_index import parse_dali_index, read_dali_index, scan_tar
 from data_pipeline.shardset.tar_labels import IMAGE_EXTENSIONS, parse_label
 from data_pipeline.storage.shard_url import S3Url, ShardLocation, shard_location
@@ -82,12 +82,11 @@ def _read_index(location: ShardLocation, settings: StorageSettings | None, relat
 
 
 def _sha256_of_handle(handle: BinaryIO) -> str:
-    digest = hashlib.sha256()
+    """The tar's digest from its start, leaving the handle at its start for the scan that follows."""
     handle.seek(0)
-    for block in iter(lambda: handle.read(1 << 20), b""):
-        digest.update(block)
+    digest = sha256_of_stream(handle)
     handle.seek(0)
-    return digest.hexdigest()
+    return digest
 
 
 def check_shard(job: tuple[ShardLocation, StorageSettings | None, ShardEntry, np.ndarray | None]) -> ShardReport:

@@ -49,10 +49,15 @@ def write_table(path: Path, rows: np.ndarray) -> str:
 
 
 def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
+        return sha256_of_stream(handle)
+
+
+def sha256_of_stream(handle) -> str:
+    """The hex sha256 of a binary file object from its current position to its end, read in blocks."""
+    digest = hashlib.sha256()
+    for block in iter(lambda: handle.read(1 << 20), b""):
+        digest.update(block)
     return digest.hexdigest()
 
 
