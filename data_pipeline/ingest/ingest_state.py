@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from data_pipeline.shardset.table_file import ROW
+from data_pipeline.temp_files import temp_sibling
 
 INGEST_DIR = ".ingest"
 PLAN_NAME = "plan.json"
@@ -132,7 +133,7 @@ def _record_paths(out_dir: Path, number: int) -> tuple[Path, Path]:
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    tmp = temp_sibling(path)
     tmp.write_bytes(data)
     os.replace(tmp, path)
 
@@ -148,7 +149,7 @@ def save_record(out_dir: Path, record: ShardRecord, rows: np.ndarray) -> None:
     packed = np.empty(len(rows), dtype=RECORD_ROW)
     for name in RECORD_ROW.names:
         packed[name] = rows[name]
-    tmp = npy_path.with_name(f"{npy_path.name}.tmp-{os.getpid()}")
+    tmp = temp_sibling(npy_path)
     with open(tmp, "wb") as handle:
         np.save(handle, packed, allow_pickle=False)
     os.replace(tmp, npy_path)

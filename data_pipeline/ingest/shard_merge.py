@@ -20,6 +20,7 @@ import numpy as np
 from data_pipeline.ingest.ingest_state import IngestPlan, ShardRecord, finished_record, load_rows
 from data_pipeline.shardset.manifest import SKIPPED_REPORT, ShardEntry, ShardManifest
 from data_pipeline.shardset.table_file import TABLE_NAME, write_table
+from data_pipeline.temp_files import temp_sibling
 
 
 class NoUsableImageError(ValueError):
@@ -98,7 +99,7 @@ def merge_records(records, wait_seconds: float = 0.0, poll_seconds: float = 10.0
         raise NoUsableImageError(f"no usable image in {plan.source} ({len(skipped)} skipped, listed in "
                                  f"{where}/{SKIPPED_REPORT})")
     report = out_dir / SKIPPED_REPORT
-    tmp = report.with_name(f"{report.name}.tmp-{os.getpid()}")
+    tmp = temp_sibling(report)
     tmp.write_text("".join(json.dumps(problem) + "\n" for problem in skipped))
     os.replace(tmp, report)
     table_sha256 = write_table(out_dir / TABLE_NAME, np.concatenate(tables))

@@ -27,6 +27,7 @@ from data_pipeline.ingest.sources.generated import SourceImage
 from data_pipeline.shardset.sample_ids import encode_int64
 from data_pipeline.shardset.table_file import MAX_IMAGE_BYTES, empty_rows, sha256_of
 from data_pipeline.shardset.tar_index import scan_tar, write_dali_index
+from data_pipeline.temp_files import temp_sibling
 
 JPEG_QUALITY = 95
 TAR_MTIME = 0  # member times fixed: a shard's bytes depend on its images only
@@ -85,7 +86,7 @@ def write_shard(job: ShardJob) -> int:
     """Write the shard, its DALI index and its record; returns how many images it holds."""
     out_dir, name = Path(job.out_dir), shard_name(job.prefix, job.number)
     tar_path, index_path = out_dir / f"{name}.tar", out_dir / f"{name}.idx"
-    tmp = out_dir / f"{name}.tar.tmp-{os.getpid()}"
+    tmp = temp_sibling(tar_path)
     labels, skipped = [], []
     try:
         with wds.TarWriter(str(tmp), mtime=TAR_MTIME) as writer:

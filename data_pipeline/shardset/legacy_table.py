@@ -20,6 +20,7 @@ from data_pipeline.shardset.manifest import FORMAT, SKIPPED_REPORT, ShardEntry, 
 from data_pipeline.shardset.sample_ids import ID_BYTES, decode_int64
 from data_pipeline.shardset.table_file import ROW, TABLE_NAME, write_table
 from data_pipeline.shardset.tar_index import FIELDS_PER_COMPONENT, INDEX_VERSION
+from data_pipeline.temp_files import temp_sibling
 
 RECREATE = "recreate the shard set with `instcls make-shards`, or check it with `instcls validate-shards`"
 
@@ -106,7 +107,7 @@ def upgrade_shard_set(shard_dir: Path) -> ShardManifest:
         rows["label"][ids] = read_labels(shard_dir / entry.tar, label_offsets[ids])
     table_sha256 = write_table(shard_dir / TABLE_NAME, rows)
     report = shard_dir / SKIPPED_REPORT
-    tmp = report.with_name(f"{report.name}.tmp-{os.getpid()}")
+    tmp = temp_sibling(report)
     tmp.write_text("".join(json.dumps(problem) + "\n" for problem in manifest.skipped))
     os.replace(tmp, report)
     upgraded = ShardManifest(num_instances=manifest.num_instances, shards=entries, source=manifest.source,

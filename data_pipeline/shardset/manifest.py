@@ -18,6 +18,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from data_pipeline.temp_files import temp_sibling
+
 FORMAT = "instcls-shards/2"
 LEGACY_FORMAT = "instcls-shards/1"
 MANIFEST_NAME = "manifest.json"
@@ -63,7 +65,7 @@ class ShardManifest:
     def save(self, directory: Path) -> Path:
         """Write ``manifest.json`` atomically (a reader never sees half a manifest)."""
         path = Path(directory) / MANIFEST_NAME
-        tmp = path.with_suffix(f".json.tmp-{os.getpid()}")
+        tmp = temp_sibling(path)
         tmp.write_text(json.dumps(asdict(self), indent=1))
         os.replace(tmp, path)
         return path

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from data_pipeline.temp_files import temp_sibling
+
 TABLE_NAME = "samples.npy"
 ROW = np.dtype([("shard", "<u4"), ("size", "<u4"), ("offset", "<u8"), ("label", "<i4")])
 MAX_IMAGE_BYTES = 2**32 - 1
@@ -38,7 +40,7 @@ def write_table(path: Path, rows: np.ndarray) -> str:
     if rows.dtype != ROW:
         raise TypeError(f"sample table rows must be {ROW}, got {rows.dtype}")
     path = Path(path)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    tmp = temp_sibling(path)
     with open(tmp, "wb") as handle:
         np.save(handle, rows, allow_pickle=False)
         handle.flush()

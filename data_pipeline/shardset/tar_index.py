@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from data_pipeline.temp_files import temp_sibling
+
 INDEX_VERSION = "v1.2"
 FIELDS_PER_COMPONENT = 4  # extension, offset, size, member name
 
@@ -75,7 +77,7 @@ def write_dali_index(samples: list[TarSample], tar_path: Path, index_path: Path)
             fields.append(f"{c.extension} {c.offset} {c.size} {c.name}")
         lines.append(" ".join(fields))
     index_path = Path(index_path)
-    tmp = index_path.with_name(f"{index_path.name}.tmp-{os.getpid()}")
+    tmp = temp_sibling(index_path)
     tmp.write_text("\n".join(lines) + "\n")
     os.replace(tmp, index_path)
 

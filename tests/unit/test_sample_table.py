@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import shutil
+import threading
 import warnings
 
 import numpy as np
@@ -21,6 +22,8 @@ from data_pipeline.loading.augment.augment_config import AugmentConfig
 from data_pipeline.loading.loader import build_loader
 from data_pipeline.loading.loader_config import LoaderConfig
 from data_pipeline.shardset.sample_table import LegacyShardSetWarning, SampleTable
+from data_pipeline.shardset.table_file import empty_rows, write_table
+from data_pipeline.shardset.table_file import sha256_of as sha256_of_file
 from trainer.cli import main
 
 
@@ -121,3 +124,30 @@ def test_a_format_1_shard_set_is_read_then_upgraded_to_identical_reads(tmp_path,
     assert upgraded.describe(7) == "old-000001.tar key 0000000007"
     assert json.loads((old / "skipped.jsonl").read_text()) == {"origin": "x.jpg", "reason": "bad"}
     assert validate_shards(old, progress=False) == (12, [])
+
+
+def test_writers_racing_on_one_table_each_rename_their_own_whole_file(tmp_path):
+    """A merge Job waiting beside an ingest that merges too writes the same table from two threads
+    of one process (and two pods, both pid 1, would do so from two containers): each writer's
+    temporary file must be its own, or one renames the other's away mid-write."""
+    rows = empty_rows(50_000)
+    rows["offset"] = np.arange(50_000)
+    path, start, failures = tmp_path / "samples.npy", threading.Barrier(4), []
+
+    def write_repeatedly():
+        start.wait()
+        for _ in range(10):
+            try:
+                digests.append(write_table(path, rows))
+            except OSError as error:
+                failures.append(error)
+
+    digests: list[str] = []
+    writers = [threading.Thread(target=write_repeatedly) for _ in range(4)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join()
+    assert failures == []
+    assert set(digests) == {sha256_of_file(path)} and len(digests) == 40
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["samples.npy"]

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import yaml
 
+from data_pipeline.temp_files import temp_sibling
 from trainer.code_identity import code_identity, describe_git, describe_image
 from trainer.provenance.digests import file_sha256, manifest_digest
 
@@ -119,7 +120,7 @@ def write_provenance(directory: Path, provenance: dict) -> Path:
     """``directory/run.json``, written atomically (a reader never sees half of it)."""
     path = Path(directory) / RUN_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{RUN_FILE}.tmp-{os.getpid()}")
+    tmp = temp_sibling(path)
     tmp.write_text(json.dumps(provenance, indent=1))
     os.replace(tmp, path)
     return path
