@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from data_pipeline.shardset.table_file import ROW
-from data_pipeline.temp_files import temp_sibling
+from trainer.temp_files import temp_sibling
 
 INGEST_DIR = ".ingest"
 PLAN_NAME = "plan.json"

@@ -20,7 +20,7 @@ import numpy as np
 from data_pipeline.ingest.ingest_state import IngestPlan, ShardRecord, finished_record, load_rows
 from data_pipeline.shardset.manifest import SKIPPED_REPORT, ShardEntry, ShardManifest
 from data_pipeline.shardset.table_file import TABLE_NAME, write_table
-from data_pipeline.temp_files import temp_sibling
+from trainer.temp_files import temp_sibling
 
 
 class NoUsableImageError(ValueError):

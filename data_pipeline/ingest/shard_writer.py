@@ -27,7 +27,7 @@ from data_pipeline.ingest.sources.generated import SourceImage
 from data_pipeline.shardset.sample_ids import encode_int64
 from data_pipeline.shardset.table_file import MAX_IMAGE_BYTES, empty_rows, sha256_of
 from data_pipeline.shardset.tar_index import scan_tar, write_dali_index
-from data_pipeline.temp_files import temp_sibling
+from trainer.temp_files import temp_sibling
 
 JPEG_QUALITY = 95
 TAR_MTIME = 0  # member times fixed: a shard's bytes depend on its images only

@@ -20,7 +20,7 @@ from data_pipeline.shardset.manifest import FORMAT, SKIPPED_REPORT, ShardEntry, 
 from data_pipeline.shardset.sample_ids import ID_BYTES, decode_int64
 from data_pipeline.shardset.table_file import ROW, TABLE_NAME, write_table
 from data_pipeline.shardset.tar_index import FIELDS_PER_COMPONENT, INDEX_VERSION
-from data_pipeline.temp_files import temp_sibling
+from trainer.temp_files import temp_sibling
 
 RECREATE = "recreate the shard set with `instcls make-shards`, or check it with `instcls validate-shards`"
 

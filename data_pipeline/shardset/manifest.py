@@ -18,7 +18,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from data_pipeline.temp_files import temp_sibling
+from trainer.temp_files import temp_sibling
 
 FORMAT = "instcls-shards/2"
 LEGACY_FORMAT = "instcls-shards/1"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data_pipeline.temp_files import temp_sibling
+from trainer.temp_files import temp_sibling
 
 TABLE_NAME = "samples.npy"
 ROW = np.dtype([("shard", "<u4"), ("size", "<u4"), ("offset", "<u8"), ("label", "<i4")])

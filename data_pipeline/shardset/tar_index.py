@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from data_pipeline.temp_files import temp_sibling
+from trainer.temp_files import temp_sibling
 
 INDEX_VERSION = "v1.2"
 FIELDS_PER_COMPONENT = 4  # extension, offset, size, member name

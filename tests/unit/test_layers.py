@@ -25,7 +25,7 @@ PACKAGES = ("trainer", "data_pipeline", "ds_configs")
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("trainer.exit_codes", "trainer.checks", "trainer.failpoints", "trainer.version",
-                    "trainer.code_identity", "ds_configs")),
+                    "trainer.code_identity", "trainer.temp_files", "ds_configs")),
     ("parallel", ("trainer.parallel",)),
     ("optim", ("trainer.optim",)),  # the backbone's optimizers: the config validates names, the engine builds
     ("data", ("data_pipeline",)),

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import yaml
 
-from data_pipeline.temp_files import temp_sibling
 from trainer.code_identity import code_identity, describe_git, describe_image
 from trainer.provenance.digests import file_sha256, manifest_digest
+from trainer.temp_files import temp_sibling
 
 RUN_FILE = "run.json"
 FORMAT = 1
