@@ -19,6 +19,11 @@ for name in [name for name in os.environ if name.startswith("TORCHELASTIC_")] + 
     # torchrun's (an in-process test would join a group), our fail point, a pinned vector ISA, and a
     # shell's choice of rendezvous store (`instcls launch` sets its own)
     os.environ.pop(name, None)
+# One intra-op thread per process, in the xdist workers and every process they start: the suite runs
+# several processes per core (3 workers, each test's ranks), where each torch's pool of one thread
+# per core only spins against the others (6% of the suite's CPU on 2026-12-08), and reductions then
+# add in the same order on a machine of any core count.  A test of the thread choice sets its own.
+os.environ["OMP_NUM_THREADS"] = "1"
 # Tests name shipped files relative to the repository (configs/..., ds_configs/...), wherever pytest
 # was started from.
 os.chdir(Path(__file__).resolve().parents[1])

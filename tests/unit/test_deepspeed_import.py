@@ -1,7 +1,11 @@
 """DeepSpeed is imported in one module only, which names its accelerator first."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from tests.helpers.training import REPO
 
@@ -47,3 +51,28 @@ def test_the_accelerator_is_the_cpu_without_cuda_devices_and_a_users_choice_is_k
     assert name_deepspeed_accelerator(environ) == "cpu" and environ == {"DS_ACCELERATOR": "cpu"}
     environ = {"DS_ACCELERATOR": "xpu"}
     assert name_deepspeed_accelerator(environ) == "xpu" and environ == {"DS_ACCELERATOR": "xpu"}
+
+
+def test_deepspeed_is_imported_without_mlflow_which_a_later_import_still_loads():
+    """DeepSpeed's autotuner imports MLflow (over a second) when DeepSpeed loads; every rank pays it
+    unless the import hides MLflow, and a tracking sink opened afterwards must get the real module."""
+    probe = ("import sys\n"
+             "import trainer.parallel.deepspeed_import\n"
+             "import deepspeed.autotuning.autotuner as autotuner\n"
+             "print('mlflow' in sys.modules, autotuner.has_mlflow)\n"
+             "import mlflow\n"
+             "print(hasattr(mlflow, 'start_run'))\n")
+    run = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["False", "False", "True"]
+
+
+def test_a_hidden_module_that_is_already_loaded_stays_loaded():
+    from trainer.parallel.deepspeed_import import hidden_module
+
+    with hidden_module("json"):
+        import json
+    assert json.dumps([1]) == "[1]" and sys.modules["json"] is json
+    with hidden_module("instcls_no_such_module"), pytest.raises(ImportError):
+        import instcls_no_such_module  # noqa: F401
+    assert "instcls_no_such_module" not in sys.modules

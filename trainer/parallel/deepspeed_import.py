@@ -6,11 +6,18 @@ accelerator to CPU ..." on every CPU run.  Telling it (``DS_ACCELERATOR``, its d
 what its own probe would find keeps it quiet; a value the user set is kept.  The probe runs here,
 right before that first import, and not when ``trainer`` is imported: ``import trainer`` (a
 notebook, a tool that only reads configs or logs) touches no device.
+
+DeepSpeed's autotuner, which the trainer never runs, imports MLflow at DeepSpeed's import when it is
+installed (it is: ``logging.mlflow``), about 1.5 s of every rank's start on 2026-12-08's 2-core machine.
+MLflow is hidden from that one import; the autotuner then records that it has none, and an MLflow
+imported later (the run's tracking sink) is the real one.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from contextlib import contextmanager
 
 import torch
 
@@ -23,10 +30,25 @@ def name_deepspeed_accelerator(environ=os.environ) -> str:
     return environ["DS_ACCELERATOR"]
 
 
+@contextmanager
+def hidden_module(name: str):
+    """``import name`` raises ImportError inside the block, unless the module is loaded already."""
+    if name in sys.modules:
+        yield
+        return
+    sys.modules[name] = None  # the import system's documented "not importable" marker
+    try:
+        yield
+    finally:
+        if sys.modules.get(name, 0) is None:
+            del sys.modules[name]
+
+
 name_deepspeed_accelerator()
 
 # DeepSpeed reads DS_ACCELERATOR when it is imported: these imports must follow the line above.
-import deepspeed  # noqa: E402
+with hidden_module("mlflow"):
+    import deepspeed  # noqa: E402
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine  # noqa: E402
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine  # noqa: E402
 from deepspeed.utils import (  # noqa: E402
