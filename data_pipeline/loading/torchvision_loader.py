@@ -31,6 +31,7 @@ from data_pipeline.loading.augment.recipes import SOLARIZE_THRESHOLD
 from data_pipeline.loading.augment.view_params import ViewParams
 from data_pipeline.loading.base_loader import IndexedLoader
 from data_pipeline.loading.batch import Batch
+from data_pipeline.loading.fork_guard import children_leave_inherited_objects_alone
 from data_pipeline.loading.sample_reader import (
     StepInputs,
     StepReader,
@@ -133,5 +134,7 @@ class TorchLoader(IndexedLoader):
         # Pinned host memory lets the copy to the GPU run asynchronously (see ``_batch``).
         workers = DataLoader(dataset, batch_size=None, num_workers=self.config.num_threads, prefetch_factor=2,
                              pin_memory=self.device.type == "cuda")
-        for views, samples in workers:
+        with children_leave_inherited_objects_alone():  # iter() forks the workers
+            batches = iter(workers)
+        for views, samples in batches:
             yield self._batch(views, samples)
