@@ -33,7 +33,10 @@ def _finalised_by(log: Path) -> list[int]:
 
 
 def _fork_and_collect(log: Path, guarded: bool) -> int:
-    gc.disable()  # the cycle must survive until the child collects
+    # The parent's own garbage first (an earlier test's DALI pipelines): an unguarded child would hang
+    # finalising them; then the cycle below must survive until the child collects.
+    gc.collect()
+    gc.disable()
     try:
         _Finalised(log)
         context = multiprocessing.get_context("fork")
