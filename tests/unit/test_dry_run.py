@@ -40,6 +40,10 @@ def _config(name: str, *overrides: str):
     # the queue is on from epoch 15; 512 features fill it in 2 steps of 4 x 64, so the third step's
     # Sinkhorn runs over the batch and the full queue, as the planner counts it
     ("swav_in1k_r50.yaml", ["objective.queue_length=512"], 8192, 15, 3, True),
+    # MoCo v2 with CO2: the queue's share scored by the sharded kernel, keys from the teacher, enqueued after
+    # each step; 3 steps of 4 x 64 keys wrap a queue of 512
+    ("moco_v2_in1k_r50.yaml", ["objective.co2_alpha=0.3", "objective.queue_size=512", "data.loader.batch_size=64"],
+     8192, 0, 3, True),
     # PIC with CO2: the sampled rows per rank change every step; the chunk shapes are
     # bucketed, so the fused term compiles in few steps, not in each (its queue is far from full: no
     # memory comparison with the planner, which counts a full one)

@@ -105,7 +105,7 @@ def test_every_shipped_config_is_planned_as_the_objective_it_trains(path, tmp_pa
         else ["--num-classes", str(n)]
     modes = _plan_json(tmp_path, "--config", str(path), "--ranks", str(ranks), *args)
     objective = config.objective
-    kind = {"instance": getattr(objective, "mode", None), "pic": "pic", "swav": "swav"}[objective.name]
+    kind = {"instance": getattr(objective, "mode", None), "pic": "pic", "swav": "swav", "moco": "moco"}[objective.name]
     assert list(modes) == [kind]
     breakdown = modes[kind]["breakdown"]
     if objective.name == "swav":
@@ -113,6 +113,10 @@ def test_every_shipped_config_is_planned_as_the_objective_it_trains(path, tmp_pa
         assert not [name for name in breakdown if "classifier" in name]
     elif objective.name == "pic":
         assert "sampled rows (W, momentum, gradient)" in breakdown
+    elif objective.name == "moco":  # the queue's share, whatever N; no classifier rows
+        share = -(-objective.queue_size // ranks)
+        assert breakdown["queue keys (its share x D, fp32)"] == share * config.model.feature_dim * 4
+        assert not [name for name in breakdown if "classifier" in name]
     elif args:  # instance, N known: the rows a rank holds
         rows = -(-n // ranks) if kind == "dhp" else n
         assert breakdown["classifier weights"] == rows * config.model.feature_dim * 4

@@ -70,7 +70,7 @@ def test_shipped_configs_load():
         ),
         (
             "data: {train_shards: x}\nobjective: {name: simclr}",
-            r"objective.name='simclr' is invalid: choose one of \['instance', 'pic', 'swav'\]",
+            r"objective.name='simclr' is invalid: choose one of \['instance', 'moco', 'pic', 'swav'\]",
         ),
         (
             "data: {train_shards: x}\nobjective: {mode: replicated}",

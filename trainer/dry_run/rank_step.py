@@ -103,6 +103,7 @@ class _StepInputs:
         self.layout, self.dims, self.dtype = loader.view_layout, dims, dtype
         self.feature_dim = config.model.feature_dim
         self.teacher = config.objective.teacher_request(loader.view_layout)
+        self.student = config.objective.student_views(loader.view_layout)
 
     def _at(self, epoch: int, index: int) -> tuple[int, int]:
         """(epoch, step in it) of the ``index``-th step from the start of ``epoch`` (epochs roll over)."""
@@ -116,7 +117,9 @@ class _StepInputs:
         rank, device = self.dims.rank, self.dims.device
         views = [View(torch.randn(plan.ids.shape[1], self.feature_dim, device=device, dtype=self.dtype,
                                   requires_grad=True), kind, position)
-                 for position, kind in enumerate(self.layout.kinds)]
+                 for position, kind in enumerate(self.layout.kinds) if self.student is None or position in self.student]
+        if self.student is not None:
+            views.sort(key=lambda view: self.student.index(view.index))
         teacher = [View(torch.randn(plan.ids.shape[1], self.feature_dim, device=device, dtype=self.dtype),
                         self.layout.kinds[position], position)
                    for position in (self.teacher.views if self.teacher is not None else ())]
@@ -204,7 +207,7 @@ def run_objective_steps(config: JobConfig, dims: ParallelDims, num_instances: in
     context = ObjectiveContext(
         dims=dims, num_instances=num_instances, feature_dim=config.model.feature_dim, seed=config.seed,
         optim=config.optim.objective_settings(config.optim.on_nonfinite == "skip_step"),  # as the trainer passes it
-        views=inputs.layout,
+        views=inputs.layout, global_batch=config.data.loader.batch_size * dims.world_size,
     )
     objective = build_objective(config.objective, context)
     objective.on_epoch_start(epoch)

@@ -138,9 +138,10 @@ class Trainer:
         context = ObjectiveContext(
             dims=dims, num_instances=manifest.num_instances, feature_dim=config.model.feature_dim, seed=config.seed,
             optim=config.optim.objective_settings(self.skip_nonfinite),
-            views=self.views,
+            views=self.views, global_batch=self.global_batch,
         )
         self.objective = build_objective(config.objective, context)
+        self.student_views = self.objective.student_views()  # None: every view
         refuse_unused_objective_settings(config.optim, self.objective, config.objective.name)
         teacher = TeacherSetup.of_job(self.objective, config, dims)  # None, or refused here when it cannot be kept
 
@@ -380,7 +381,7 @@ class Trainer:
         if self.teacher is not None and self.skip_nonfinite:
             self.teacher.remember_buffers()
         views = forward_views(self.engine, batch.views, self.views, self.dtype, self.config.model,
-                              self.state.global_step + 1)
+                              self.state.global_step + 1, self.student_views)
         teacher_views = (self.teacher.encode(batch.views, self.views, self.dtype, self.config.model)
                          if self.teacher is not None else [])
         self.phases.end("forward")

@@ -18,14 +18,16 @@ from trainer.objectives import View
 
 
 def forward_views(engine, views: list[torch.Tensor], layout, dtype: torch.dtype, model: ModelConfig,
-                  step: int) -> list[View]:
-    """Head features of every view of ``views`` (the loader's, in view order), as the objective takes
-    them; ``layout``: the loader's ``ViewLayout``; ``step``: the step being made (1-based), for the
-    fault drills' failpoints."""
-    groups = layout.forward_groups()
+                  step: int, wanted: tuple[int, ...] | None = None) -> list[View]:
+    """Head features of the views of ``views`` (the loader's, in view order) that ``wanted`` names (None:
+    every one), in ``wanted``'s order, as the objective takes them; ``layout``: the loader's
+    ``ViewLayout``; ``step``: the step being made (1-based), for the fault drills' failpoints."""
+    chosen = tuple(range(layout.num_views)) if wanted is None else wanted
+    groups = [[i for i in group if i in chosen] for group in layout.forward_groups()]
+    groups = [group for group in groups if group]
     batches = [model_input(torch.cat([views[i] for i in indices]), dtype, model) for indices in groups]
     outputs = engine(batches)
-    features: list[torch.Tensor | None] = [None] * layout.num_views
+    features: dict[int, torch.Tensor] = {}
     for indices, output in zip(groups, outputs):
         if armed("train.nan_features", step):  # the drills' bad batch
             output = output * float("nan")
@@ -33,4 +35,4 @@ def forward_views(engine, views: list[torch.Tensor], layout, dtype: torch.dtype,
             output = PoisonGradient.apply(output)
         for index, view_features in zip(indices, output.chunk(len(indices))):
             features[index] = view_features
-    return [View(features=f, kind=kind, index=i) for i, (f, kind) in enumerate(zip(features, layout.kinds))]
+    return [View(features=features[i], kind=layout.kinds[i], index=i) for i in chosen]

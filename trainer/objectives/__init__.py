@@ -22,8 +22,10 @@ from trainer.objectives.memory_plan import (
     NoMemoryPlan,
     ObjectiveMemoryPlan,
     Prototypes,
+    QueuedKeys,
     SampledRows,
 )
+from trainer.objectives.moco.objective import MocoConfig, MocoObjective
 from trainer.objectives.pic.objective import PicConfig, PicObjective
 from trainer.objectives.swav.objective import SwavConfig, SwavObjective
 from trainer.objectives.teacher_request import TeacherRequest
@@ -31,6 +33,7 @@ from trainer.objectives.teacher_request import TeacherRequest
 register_objective("instance", InstanceConfig, InstanceObjective)
 register_objective("pic", PicConfig, PicObjective)
 register_objective("swav", SwavConfig, SwavObjective)
+register_objective("moco", MocoConfig, MocoObjective)
 
 DEFAULT_OBJECTIVE = "instance"  # what a job config without ``objective.name`` trains: the paper's method
 
@@ -54,9 +57,12 @@ __all__ = [
     "ObjectiveContext",
     "ObjectiveMemoryPlan",
     "OptimSettings",
+    "MocoConfig",
+    "MocoObjective",
     "PicConfig",
     "PicObjective",
     "Prototypes",
+    "QueuedKeys",
     "SampledRows",
     "SwavConfig",
     "SwavObjective",

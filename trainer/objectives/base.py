@@ -103,6 +103,13 @@ class ObjectiveConfig:
             "(trainer.objectives.memory_plan: ClassifierRows, SampledRows, Prototypes, or a new one with its "
             "arithmetic in trainer.planning.objective_memory)")
 
+    def student_views(self, views: ViewLayout) -> tuple[int, ...] | None:
+        """Positions, among the job's ``views``, of the views the student (the network being trained)
+        encodes each step, in order: ``StepViews.views`` then holds only those.  None (the default):
+        every view.  An objective that scores some views only with its teacher (MoCo's keys) saves
+        their forward and backward, and the student's BatchNorm sees only the views it trains on."""
+        return None
+
     def teacher_request(self, views: ViewLayout) -> TeacherRequest | None:
         """The teacher this objective needs (a momentum copy of the backbone and head), from the settings
         alone, so the planner counts it without building anything; None (the default): no teacher.
@@ -134,6 +141,8 @@ class ObjectiveContext:
         optim: momentum and weight decay of the job's SGD, and the backbone's optimizer.
         views: the layout of every step's views, fixed for the job (default: the default
             augmentation's two global views).
+        global_batch: samples a step takes over all ranks (the loader's batch times the ranks; 0:
+            not given, for objectives that do not need it; a queue of whole batches does).
     """
 
     dims: ParallelDims
@@ -142,6 +151,7 @@ class ObjectiveContext:
     seed: int
     optim: OptimSettings
     views: ViewLayout = ViewLayout.of_training(AugmentConfig())
+    global_batch: int = 0
 
 
 @dataclass
@@ -241,6 +251,18 @@ class Objective:
     def teacher_request(self) -> TeacherRequest | None:
         """The teacher the trainer keeps for this objective (its config's ``teacher_request``)."""
         return self.config.teacher_request(self.context.views)
+
+    def student_views(self) -> tuple[int, ...] | None:
+        """The views the student encodes (its config's ``student_views``; None: all), checked against the
+        job's layout."""
+        wanted = self.config.student_views(self.context.views)
+        num_views = self.context.views.num_views
+        if wanted is not None and (not wanted or len(set(wanted)) != len(wanted)
+                                   or any(not 0 <= v < num_views for v in wanted)):
+            raise ValueError(f"objective {self.config.name!r} asks the student for views {list(wanted)}, but the "
+                             f"job's loader makes {num_views} views a sample (positions 0 to {num_views - 1}): raise "
+                             "data.loader.augment.num_views, or name one or more distinct positions")
+        return wanted
 
     def after_backward(self) -> None:
         """After the backward, before the optimizers step (gradient averaging, corrections)."""

@@ -95,4 +95,25 @@ class Prototypes:
     sinkhorn_dtype: str = "float32"
 
 
-ObjectiveMemoryPlan = Union[ClassifierRows, SampledRows, Prototypes]
+@dataclass(frozen=True)
+class QueuedKeys:
+    """``moco`` (MoCo v2): a queue of ``queue_size`` fp32 keys ``[K, D]`` with their sample ids, split over
+    the ranks like the classifier's rows and never trained (no gradient, no optimizer state); per step
+    the gathered queries and keys, and the kernel's chunk workspace over the queue's share.  The teacher
+    it reads its keys from is counted as every teacher is (``PlanInput.teacher``).
+
+    Attributes:
+        queue_size: K.
+        chunk_size, kernel: as ``ClassifierRows``' (over the queue's slots).
+        co2: CO2's term rides in the chunk loop: the keys are scored too, and its scratch block.
+    """
+
+    kind: ClassVar[str] = "moco"
+    grows_with_instances: ClassVar[bool] = False  # the queue's size is its own setting
+    queue_size: int = 65536
+    chunk_size: int = 65536
+    kernel: str = "auto"
+    co2: bool = False
+
+
+ObjectiveMemoryPlan = Union[ClassifierRows, SampledRows, Prototypes, QueuedKeys]

@@ -10,10 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from trainer.objectives.memory_plan import ClassifierRows, ObjectiveMemoryPlan, Prototypes, SampledRows
+from trainer.objectives.memory_plan import ClassifierRows, ObjectiveMemoryPlan, Prototypes, QueuedKeys, SampledRows
 from trainer.planning.classifier_memory import classifier_rows_breakdown, rows_checkpoint_bytes, sampled_rows_breakdown
 from trainer.planning.plan_input import PlanInput
 from trainer.planning.prototype_memory import prototypes_breakdown, prototypes_checkpoint_bytes
+from trainer.planning.queue_memory import queued_keys_breakdown, queued_keys_checkpoint_bytes
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ register_memory_model(ClassifierRows, MemoryModel(classifier_rows_breakdown, row
 register_memory_model(SampledRows, MemoryModel(sampled_rows_breakdown, rows_checkpoint_bytes, "classifier rows"))
 register_memory_model(Prototypes, MemoryModel(prototypes_breakdown, prototypes_checkpoint_bytes,
                                               "prototypes, queue"))
+register_memory_model(QueuedKeys, MemoryModel(queued_keys_breakdown, queued_keys_checkpoint_bytes, "key queue"))
 
 
 def memory_model(plan: PlanInput) -> MemoryModel:

@@ -27,9 +27,11 @@ def num_instances_of(config: JobConfig, num_classes: int | None) -> int:
 
 
 def plan_input_from_config(config: JobConfig, ranks: int, num_classes: int | None) -> PlanInput:
-    """Every view at its own side (multi-crop's small crops are smaller).  N is read (or asked for) only
-    when the objective's memory depends on it."""
+    """Every view the student encodes (``ObjectiveConfig.student_views``) at its own side (multi-crop's
+    small crops are smaller).  N is read (or asked for) only when the objective's memory depends on it."""
     loader = config.data.loader
+    student = config.objective.student_views(loader.view_layout)
+    sides = tuple(loader.view_layout.sides[i] for i in (student or range(loader.view_layout.num_views)))
     objective = config.objective.memory_plan(loader.view_layout)
     settings = deepspeed_settings(load_deepspeed_config(config.deepspeed_config, loader.batch_size))
     return PlanInput(
@@ -40,8 +42,7 @@ def plan_input_from_config(config: JobConfig, ranks: int, num_classes: int | Non
         activation_checkpointing=config.model.activation_checkpointing,
         backbone=config.model.arch, head_hidden_dim=config.model.head_hidden_dim,
         img_size=config.model.img_size, patch_size=config.model.patch_size,
-        image_size=max(loader.view_layout.sides), views=loader.view_layout.num_views,
-        view_sides=tuple(loader.view_layout.sides),
+        image_size=max(sides), views=len(sides), view_sides=sides,
         device="cpu" if config.parallel.device == "cpu" else "gpu",
         dali=loader.backend == "dali", dali_prefetch=loader.prefetch_depth,
         checkpoints=bool(config.checkpoint.every_steps or config.checkpoint.every_epochs),

@@ -35,10 +35,13 @@ QUERY, KEY = 0, 1  # the two "views" of a sample in the kernel's columns when CO
 @dataclass
 class QueueLoss:
     """Per query of the group's batch (all-gather order, ``[ranks * b]``), the same on every rank:
-    ``loss`` the InfoNCE loss, ``consistency`` CO2's symmetric KL (None without CO2)."""
+    ``loss`` the InfoNCE loss, ``consistency`` CO2's symmetric KL (None without CO2); ``keys`` the
+    group's keys ``[ranks * b, D]`` in that order, as the all-gather brought them (no autograd): what the
+    queue takes after the step, with no collective of its own."""
 
     loss: torch.Tensor
     consistency: torch.Tensor | None = None
+    keys: torch.Tensor | None = None
 
 
 def queue_infonce(query: torch.Tensor, key: torch.Tensor, queue_keys: torch.Tensor, settings: KernelSettings,
@@ -74,12 +77,13 @@ def queue_infonce(query: torch.Tensor, key: torch.Tensor, queue_keys: torch.Tens
     by_view = both.view(ranks, 2, local, -1)
     # In fp32 whatever the features' dtype, like the kernel's own logits.
     positive = (by_view[:, QUERY].float() * by_view[:, KEY].float()).sum(dim=2) / settings.temperature  # [ranks, b]
+    keys = by_view[:, KEY].detach().reshape(ranks * local, -1)
     if consistency_temperature is None:
         queries = by_view[:, QUERY].reshape(ranks * local, -1)
         no_rows, weights = _positive_only_targets(queries.shape[0], query.device)
         loss = sharded_cosine_ce(queries, queue_keys, no_rows, weights, settings, group, timer,
                                  positive_logits=positive.reshape(-1))
-        return QueueLoss(loss)
+        return QueueLoss(loss, keys=keys)
 
     # The keys' columns take the same positive: their cross-entropy is finite, and dropped below.
     positive_columns = positive[:, None, :].expand(ranks, 2, local).reshape(-1)
@@ -88,7 +92,7 @@ def queue_infonce(query: torch.Tensor, key: torch.Tensor, queue_keys: torch.Tens
     loss, values = sharded_cosine_ce_with_term(both, queue_keys, no_rows, weights, settings, term, group, timer,
                                                positive_logits=positive_columns)
     # A column's term is its pair's L_con, in both columns of the pair: the queries' is the term.
-    return QueueLoss(_queries_of(loss, ranks, local), _queries_of(values, ranks, local))
+    return QueueLoss(_queries_of(loss, ranks, local), _queries_of(values, ranks, local), keys)
 
 
 def _positive_only_targets(batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
