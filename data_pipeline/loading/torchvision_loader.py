@@ -134,7 +134,13 @@ class TorchLoader(IndexedLoader):
         # Pinned host memory lets the copy to the GPU run asynchronously (see ``_batch``).
         workers = DataLoader(dataset, batch_size=None, num_workers=self.config.num_threads, prefetch_factor=2,
                              pin_memory=self.device.type == "cuda")
-        with children_leave_inherited_objects_alone():  # iter() forks the workers
-            batches = iter(workers)
-        for views, samples in batches:
+        # The workers' iterator is never a named local: when an error leaves this generator, a local would keep
+        # it (and the worker processes) alive for as long as the traceback lives.
+        for views, samples in _forked_iterator(workers):
             yield self._batch(views, samples)
+
+
+def _forked_iterator(workers: DataLoader):
+    """``iter(workers)``, which forks the worker processes, with the parent's objects frozen."""
+    with children_leave_inherited_objects_alone():
+        return iter(workers)

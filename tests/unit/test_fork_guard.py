@@ -83,3 +83,26 @@ def test_the_torch_loader_forks_its_workers_inside_the_guard(color_shards, monke
     next(iter(loader.epoch_batches(0)))
     assert len(frozen_at_start) == 2 and min(frozen_at_start) > 0
     assert gc.get_freeze_count() == 0
+
+
+def test_an_error_leaving_the_loader_stops_its_workers_while_the_traceback_lives(color_shards):
+    """A test's ``pytest.raises`` (or a caller's logged exception) keeps the traceback, and with it the
+    loader's frame: its worker processes must not live on with it (they hold every fd the parent had,
+    which kept a fork server the parent stopped from ever exiting)."""
+    import torch
+
+    from data_pipeline.loading.augment.augment_config import AugmentConfig
+    from data_pipeline.loading.loader import build_loader
+    from data_pipeline.loading.loader_config import LoaderConfig
+
+    config = LoaderConfig(batch_size=8, backend="torch", num_threads=2, augment=AugmentConfig(image_size=16))
+    batches = build_loader(color_shards, config, rank=0, world_size=1, device=torch.device("cpu"),
+                           train=True).epoch_batches(0)
+    next(batches)
+    assert len(multiprocessing.active_children()) == 2
+    try:
+        batches.throw(RuntimeError("a bad sample"))
+    except RuntimeError as error:
+        kept = error  # the traceback, and the generator's frames, stay referenced
+    assert kept.__traceback__ is not None
+    assert multiprocessing.active_children() == []
