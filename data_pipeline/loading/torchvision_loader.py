@@ -134,13 +134,25 @@ class TorchLoader(IndexedLoader):
         # Pinned host memory lets the copy to the GPU run asynchronously (see ``_batch``).
         workers = DataLoader(dataset, batch_size=None, num_workers=self.config.num_threads, prefetch_factor=2,
                              pin_memory=self.device.type == "cuda")
-        # The workers' iterator is never a named local: when an error leaves this generator, a local would keep
-        # it (and the worker processes) alive for as long as the traceback lives.
-        for views, samples in _forked_iterator(workers):
-            yield self._batch(views, samples)
+        batches = _forked_iterator(workers)
+        try:
+            for views, samples in batches:
+                yield self._batch(views, samples)
+        finally:
+            # An error leaving this generator, or a caller that stops early, stops the worker processes now:
+            # a traceback that keeps this frame would otherwise keep them alive, holding every descriptor the
+            # parent had (a fork server's pipe among them, whose stop then waits forever).
+            _stop_workers(batches)
 
 
 def _forked_iterator(workers: DataLoader):
     """``iter(workers)``, which forks the worker processes, with the parent's objects frozen."""
     with children_leave_inherited_objects_alone():
         return iter(workers)
+
+
+def _stop_workers(batches) -> None:
+    """Shut down a multi-process DataLoader iterator's workers (torch's own shutdown, idempotent)."""
+    shutdown = getattr(batches, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
