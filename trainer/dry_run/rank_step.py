@@ -115,11 +115,10 @@ class _StepInputs:
         plan = self.sampler.step(epoch, step)
         next_plan = self.sampler.step(*self._at(epoch, step + 1))
         rank, device = self.dims.rank, self.dims.device
+        student = self.student if self.student is not None else range(self.layout.num_views)
         views = [View(torch.randn(plan.ids.shape[1], self.feature_dim, device=device, dtype=self.dtype,
-                                  requires_grad=True), kind, position)
-                 for position, kind in enumerate(self.layout.kinds) if self.student is None or position in self.student]
-        if self.student is not None:
-            views.sort(key=lambda view: self.student.index(view.index))
+                                  requires_grad=True), self.layout.kinds[position], position)
+                 for position in student]
         teacher = [View(torch.randn(plan.ids.shape[1], self.feature_dim, device=device, dtype=self.dtype),
                         self.layout.kinds[position], position)
                    for position in (self.teacher.views if self.teacher is not None else ())]
